@@ -1,0 +1,1 @@
+"""Coldharbor: PostgreSQL (hot) to Delta Lake (cold) change capture, maintenance and serving."""

@@ -1,0 +1,23 @@
+"""Domain errors: each one is a clear, single-line message and a non-zero exit for the jobs."""
+
+from __future__ import annotations
+
+
+class ColdharborError(Exception):
+    """Base class: a problem the user can fix; the job prints it without a traceback."""
+
+
+class ConfigError(ColdharborError, ValueError):
+    """A setting is missing or malformed."""
+
+
+class UnknownTableError(ColdharborError, LookupError):
+    """A table name that is not registered with Coldharbor."""
+
+
+class PostgresUnavailableError(ColdharborError):
+    """The hot tier cannot be reached."""
+
+
+class LakeUnavailableError(ColdharborError):
+    """The lake location cannot be read or written."""

@@ -1,0 +1,84 @@
+"""PostgreSQL connections, advisory locks and the JDBC view of the same server."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from coldharbor.errors import ConfigError, PostgresUnavailableError
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 10
+
+# First key of the two-key advisory lock: one namespace per job kind, the table id is the second.
+LOCK_NAMESPACES = {"export": 0x43480001, "compact": 0x43480002, "cleanup": 0x43480003}
+
+
+def connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection:
+    """A connection to the hot tier, or PostgresUnavailableError saying where it failed."""
+    try:
+        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S,
+                               application_name="coldharbor")
+    except psycopg.OperationalError as exc:
+        target = describe(dsn)
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PostgresUnavailableError(f"PostgreSQL at {target} is unreachable: {first_line}") from exc
+
+
+def describe(dsn: str) -> str:
+    """host:port/dbname of a DSN, without credentials, for messages and logs."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(f"the PostgreSQL DSN does not parse: {exc}") from exc
+    return f"{params.get('host', 'localhost')}:{params.get('port', 5432)}/{params.get('dbname', '')}"
+
+
+@contextmanager
+def advisory_lock(conn: psycopg.Connection, kind: str, table_id: int) -> Iterator[bool]:
+    """Try the session-level lock of one job kind on one table; yields whether it was taken.
+
+    Session-level on a pinned connection: it holds across the transactions of the job and is
+    released when the job ends or its connection dies.
+    """
+    namespace = LOCK_NAMESPACES[kind]
+    acquired = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (namespace, table_id)).fetchone()[0]
+    try:
+        yield bool(acquired)
+    finally:
+        if acquired and not conn.closed:
+            conn.execute("SELECT pg_advisory_unlock(%s, %s)", (namespace, table_id))
+
+
+@dataclass(frozen=True)
+class JdbcTarget:
+    """The same server as a DSN, addressed the way Spark's JDBC source wants it."""
+
+    url: str
+    user: str
+    password: str | None
+
+    @classmethod
+    def from_dsn(cls, dsn: str) -> JdbcTarget:
+        params = conninfo_to_dict(dsn)
+        host = params.get("host") or "127.0.0.1"
+        if host.startswith("/"):
+            raise ConfigError("Spark's JDBC needs TCP: the PostgreSQL DSN names a Unix socket; "
+                              "use host=127.0.0.1 (or the server's address) and a port")
+        port = params.get("port") or "5432"
+        dbname = params.get("dbname") or params.get("user") or "postgres"
+        return cls(url=f"jdbc:postgresql://{host}:{port}/{dbname}",
+                   user=params.get("user") or "postgres", password=params.get("password"))
+
+    def options(self) -> dict[str, str]:
+        """Reader options; the password travels as an option, never inside the URL."""
+        opts = {"url": self.url, "user": self.user, "driver": "org.postgresql.Driver"}
+        if self.password:
+            opts["password"] = self.password
+        return opts

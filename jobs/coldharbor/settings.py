@@ -1,0 +1,45 @@
+"""Settings that come from the environment, each with its documented default.
+
+Secrets (the PostgreSQL DSN) have no default: a missing one fails loudly.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from coldharbor.errors import ConfigError
+
+PG_DSN_ENV = "COLDHARBOR_PG_DSN"
+LAKE_ROOT_ENV = "COLDHARBOR_LAKE_ROOT"
+
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+# Where the embedded stack keeps PostgreSQL's data, the lake and the Spark jar cache.
+DATA_DIR = Path(os.environ.get("COLDHARBOR_DATA_DIR", PROJECT_DIR / "data"))
+
+# Delta's jar for Spark 4.2: Maven Central holds delta-spark_4.2_2.13 up to 4.4.0, the release the
+# delta-spark 4.4.1 Python package drives (its Python API is unchanged between the two).
+DELTA_JAR_VERSION = os.environ.get("COLDHARBOR_DELTA_JAR_VERSION", "4.4.0")
+POSTGRES_JDBC_VERSION = os.environ.get("COLDHARBOR_PG_JDBC_VERSION", "42.7.8")
+SCALA_BINARY_VERSION = "2.13"
+
+
+def require_env(name: str) -> str:
+    """The value of a required environment variable, or a ConfigError naming it."""
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"{name} is not set: it must hold the setting (see README, 'Configuration')")
+    return value
+
+
+def pg_dsn() -> str:
+    """The hot tier's libpq connection string (URL or key=value form)."""
+    return require_env(PG_DSN_ENV)
+
+
+def lake_root(explicit: str | None = None) -> str:
+    """The folder or URI under which registered tables without a lake location live."""
+    root = explicit or os.environ.get(LAKE_ROOT_ENV)
+    if not root:
+        raise ConfigError(f"no lake root: pass --lake-root or set {LAKE_ROOT_ENV}")
+    return root.rstrip("/")

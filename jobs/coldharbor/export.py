@@ -1,0 +1,179 @@
+"""CDC export: copy every dirty change of the registered tables into their Delta tables.
+
+Per table, under the table's export lock:
+  1. finish a batch a previous run left between Delta commit and mark (or abandon it);
+  2. read the dirty keys, their change ids and their current images in one snapshot;
+  3. record the batch's change ids (intent), append the rows in one idempotent Delta commit;
+  4. mark exactly those change ids flushed, with the Delta version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import psycopg
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from coldharbor import batches, faults, hot_reader, lake, pg, registry, settings
+from coldharbor.errors import ColdharborError, LakeUnavailableError, PostgresUnavailableError
+from coldharbor.lake_rows import CHANGE_IDS, OLDEST_CHANGE_AT, to_lake_rows
+from coldharbor.registry import RegisteredTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    table: str | None   # schema.table, or None for every registered table
+    lake_root: str
+    run_id: str
+
+
+@dataclass(frozen=True)
+class TableResult:
+    table: str
+    status: str          # exported | clean | skipped
+    batch_id: int | None = None
+    rows: int = 0
+    changes: int = 0
+    lake_version: int | None = None
+    recovered_batches: int = 0
+
+
+def parse_args(argv: list[str]) -> ExportConfig:
+    parser = argparse.ArgumentParser(
+        prog="cdc_export.py",
+        description="Copy the dirty changes of registered PostgreSQL tables into Delta Lake and mark "
+                    "exactly those changes flushed. PostgreSQL is reached through the "
+                    f"{settings.PG_DSN_ENV} environment variable (libpq URL or key=value string).")
+    parser.add_argument("--table", help="export only this registered table (schema.table); default: all")
+    parser.add_argument("--lake-root", help=f"lake folder or URI for tables without their own location "
+                                            f"(default: ${settings.LAKE_ROOT_ENV})")
+    parser.add_argument("--run-id", help="identifier recorded with each batch (default: a new one)")
+    args = parser.parse_args(argv)
+    run_id = args.run_id or f"manual-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+    return ExportConfig(table=args.table, lake_root=settings.lake_root(args.lake_root), run_id=run_id)
+
+
+def needs_spark(conn: psycopg.Connection, table: RegisteredTable) -> bool:
+    """Whether the table has dirty changes or an unfinished batch; a cheap index probe."""
+    return hot_reader.has_dirty(conn, table.table_id) or bool(batches.pending(conn, table.table_id))
+
+
+def run(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, config: ExportConfig,
+        tables: list[RegisteredTable], hook: faults.Hook = faults.from_environment) -> list[TableResult]:
+    return [export_table(spark, conn, jdbc, table, config, hook) for table in tables]
+
+
+def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
+                 config: ExportConfig, hook: faults.Hook = faults.from_environment) -> TableResult:
+    with pg.advisory_lock(conn, "export", table.table_id) as acquired:
+        if not acquired:
+            log.info("skipped %s: another export of this table holds its lock", table.qualified_name)
+            return TableResult(table.qualified_name, "skipped")
+        path = table.lake_path(config.lake_root)
+        recovered = recover_pending(spark, conn, table, path)
+        if not hot_reader.has_dirty(conn, table.table_id):
+            log.info("%s: nothing dirty", table.qualified_name)
+            return TableResult(table.qualified_name, "clean", recovered_batches=recovered)
+        columns = registry.lake_columns(conn, table)
+        lake.ensure_writable(spark, path)
+
+        images = hot_reader.read_dirty_images(spark, conn, jdbc, table, columns)
+        hook("after_read")
+        change_ids, row_count, oldest = _batch_contents(images)
+        batch = batches.begin(conn, table.table_id, config.run_id, change_ids, row_count, oldest)
+        hook("after_intent")
+
+        exported_at = datetime.now(timezone.utc)
+        app_id = lake.export_app_id(table.table_id)
+        lake.append_batch(images.transform(to_lake_rows(columns, batch.batch_id, exported_at)), path,
+                          app_id=app_id, batch_id=batch.batch_id, partition_by=table.partition_by,
+                          metadata={"app_id": app_id, "batch_id": batch.batch_id, "run_id": config.run_id,
+                                    "table": table.qualified_name})
+        hook("after_commit")
+        version = lake.find_batch_commit(spark, path, app_id, batch.batch_id)
+        if version is None:
+            raise LakeUnavailableError(f"batch {batch.batch_id} of {table.qualified_name} was written to {path} "
+                                       "but its commit is not in the Delta history; nothing was marked")
+        marked = batches.mark_flushed(conn, table.table_id, batch.batch_id, version)
+        hook("after_mark")
+        _log_batch(table, batch, version, marked)
+        return TableResult(table.qualified_name, "exported", batch.batch_id, row_count, marked, version, recovered)
+
+
+def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str) -> int:
+    """Finishes batches whose run died after the intent: mark if committed, else abandon."""
+    app_id = lake.export_app_id(table.table_id)
+    pending = batches.pending(conn, table.table_id)
+    for batch_id in pending:
+        version = lake.find_batch_commit(spark, path, app_id, batch_id)
+        if version is None:
+            batches.abandon(conn, table.table_id, batch_id)
+            log.warning("%s: batch %s never reached the lake; its changes stay dirty and go in a new batch",
+                        table.qualified_name, batch_id)
+        else:
+            marked = batches.mark_flushed(conn, table.table_id, batch_id, version)
+            log.warning("%s: batch %s was committed as Delta version %s but not marked; marked %s changes now",
+                        table.qualified_name, batch_id, version, marked)
+    return len(pending)
+
+
+def _batch_contents(images: DataFrame) -> tuple[list[int], int, datetime | None]:
+    """The change ids behind the images, the image count and the oldest change time."""
+    stats = images.agg(F.count(F.lit(1)).alias("rows"), F.min(OLDEST_CHANGE_AT).alias("oldest")).first()
+    ids = images.select(F.explode(CHANGE_IDS).alias("id")).toArrow().column("id").to_numpy()
+    return ids.tolist(), stats["rows"], stats["oldest"]
+
+
+def _log_batch(table: RegisteredTable, batch: batches.Batch, version: int, marked: int) -> None:
+    age_s = None
+    if batch.oldest_change_at is not None:
+        oldest = batch.oldest_change_at
+        if oldest.tzinfo is None:  # Spark hands timestamps back as naive UTC
+            oldest = oldest.replace(tzinfo=timezone.utc)
+        age_s = (datetime.now(timezone.utc) - oldest).total_seconds()
+    log.info("%s: exported batch %s: %s rows, %s changes marked flushed, Delta version %s, "
+             "oldest change %.1fs old", table.qualified_name, batch.batch_id, batch.row_count, marked,
+             version, age_s if age_s is not None else float("nan"))
+    if marked != batch.change_count:
+        log.warning("%s: batch %s held %s change ids but %s were still dirty to mark",
+                    table.qualified_name, batch.batch_id, batch.change_count, marked)
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        config = parse_args(argv)
+        dsn = settings.pg_dsn()
+        jdbc = pg.JdbcTarget.from_dsn(dsn)
+        with pg.connect(dsn) as conn:
+            tables = registry.load(conn, config.table)
+            todo = [t for t in tables if needs_spark(conn, t)]
+            if not todo:
+                log.info("nothing dirty in %s registered table(s); no Spark session started", len(tables))
+                return 0
+            from coldharbor.spark import get_session
+
+            spark = get_session("coldharbor-cdc-export")
+            results = run(spark, conn, jdbc, config, todo)
+    except ColdharborError as exc:
+        log.error("cdc_export failed: %s", exc)
+        return 2
+    except psycopg.OperationalError as exc:
+        log.error("cdc_export failed: %s", PostgresUnavailableError(f"lost PostgreSQL: {exc}"))
+        return 2
+    for result in results:
+        log.info("result: %s", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

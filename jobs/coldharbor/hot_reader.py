@@ -1,0 +1,83 @@
+"""Reads the dirty set of one table from PostgreSQL: keys, change ids and current row images.
+
+Everything comes from ONE statement, so it is one snapshot: a change either is in the result with
+the image that includes it, or it is not in the result at all (invariant 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psycopg
+from psycopg import sql
+from pyspark.sql import DataFrame, SparkSession
+
+from coldharbor.lake_rows import CHANGE_IDS, CHANGED_AT, DELETED, OLDEST_CHANGE_AT, SEQ
+from coldharbor.pg import JdbcTarget
+from coldharbor.registry import LakeColumn, RegisteredTable
+
+# PostgreSQL types the JDBC driver would not hand over as the lake type: cast to text in SQL.
+_AS_TEXT = {"uuid", "json", "jsonb"}
+JDBC_FETCH_SIZE = 20_000
+
+
+def _column_expr(column: LakeColumn) -> sql.Composable:
+    if column.is_key:
+        # Deleted keys have no row left to join: their key values come from the change log.
+        expr = sql.SQL("(d.key ->> {})::{}").format(sql.Literal(column.name), sql.SQL(column.pg_type))
+    else:
+        expr = sql.SQL("t.{}").format(sql.Identifier(column.name))
+    if column.pg_type in _AS_TEXT:
+        expr = sql.SQL("({})::text").format(expr)
+    return sql.SQL("{} AS {}").format(expr, sql.Identifier(column.name))
+
+
+def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sql.Composed:
+    """One row per dirty key: its image now (or a delete marker), newest change id, all change ids."""
+    key_match = sql.SQL(" AND ").join(
+        sql.SQL("t.{} = (d.key ->> {})::{}").format(sql.Identifier(c.name), sql.Literal(c.name), sql.SQL(c.pg_type))
+        for c in columns if c.is_key)
+    return sql.SQL("""
+        WITH dirty AS (
+            SELECT key,
+                   array_agg(id ORDER BY id) AS change_ids,
+                   max(id) AS change_seq,
+                   (array_agg(created_at ORDER BY id DESC))[1] AS changed_at,
+                   min(created_at) AS oldest_change_at
+            FROM coldharbor.change_log
+            WHERE table_id = {table_id} AND flushed_at IS NULL
+            GROUP BY key)
+        SELECT {columns},
+               t.ctid IS NULL AS {deleted},
+               d.change_seq AS {seq},
+               d.changed_at AS {changed_at},
+               d.oldest_change_at AS {oldest},
+               d.change_ids AS {change_ids}
+        FROM dirty d LEFT JOIN {table} t ON {key_match}""").format(
+        table_id=sql.Literal(table.table_id),
+        columns=sql.SQL(", ").join(_column_expr(c) for c in columns),
+        deleted=sql.Identifier(DELETED), seq=sql.Identifier(SEQ), changed_at=sql.Identifier(CHANGED_AT),
+        oldest=sql.Identifier(OLDEST_CHANGE_AT), change_ids=sql.Identifier(CHANGE_IDS),
+        table=table.identifier, key_match=key_match)
+
+
+def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget,
+                      table: RegisteredTable, columns: Sequence[LakeColumn]) -> DataFrame:
+    """The dirty images, read once through JDBC and pinned in Spark.
+
+    A JDBC DataFrame re-runs its query on every action; the eager local checkpoint makes the
+    rows written to the lake and the change ids marked flushed come from the same single read.
+    """
+    query = dirty_images_query(table, columns).as_string(conn)
+    images = (spark.read.format("jdbc").options(**jdbc.options())
+              .option("query", query)
+              .option("fetchsize", JDBC_FETCH_SIZE)
+              .option("preferTimestampNTZ", "true")  # timestamp (no zone) stays zone-free
+              .load())
+    return images.localCheckpoint(eager=True)
+
+
+def has_dirty(conn: psycopg.Connection, table_id: int) -> bool:
+    """Cheap probe of the partial dirty index."""
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.change_log "
+                        "WHERE table_id = %s AND flushed_at IS NULL)", (table_id,)).fetchone()[0]

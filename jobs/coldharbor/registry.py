@@ -1,0 +1,89 @@
+"""The registry of captured tables, as the jobs read it from `coldharbor.tables`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from coldharbor.errors import ConfigError, UnknownTableError
+
+
+@dataclass(frozen=True)
+class LakeColumn:
+    """One column: its PostgreSQL type, its lake (Spark SQL) type, and its place in the key."""
+
+    name: str
+    pg_type: str
+    lake_type: str
+    key_position: int | None
+
+    @property
+    def is_key(self) -> bool:
+        return self.key_position is not None
+
+
+@dataclass(frozen=True)
+class RegisteredTable:
+    table_id: int
+    schema_name: str
+    table_name: str
+    key_columns: tuple[str, ...]
+    lake_location: str | None
+    partition_by: tuple[str, ...]
+    sort_by: tuple[str, ...]
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema_name}.{self.table_name}"
+
+    @property
+    def identifier(self) -> sql.Identifier:
+        return sql.Identifier(self.schema_name, self.table_name)
+
+    def lake_path(self, lake_root: str) -> str:
+        return self.lake_location or f"{lake_root}/{self.schema_name}/{self.table_name}"
+
+
+_SELECT = """SELECT table_id, schema_name, table_name, key_columns, lake_location, partition_by, sort_by
+             FROM coldharbor.tables"""
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """'schema.table' (or 'table', meaning public) into its two parts."""
+    parts = name.split(".")
+    if len(parts) == 1:
+        return "public", parts[0]
+    if len(parts) == 2 and all(parts):
+        return parts[0], parts[1]
+    raise ConfigError(f"table name {name!r} is not of the form schema.table")
+
+
+def load(conn: psycopg.Connection, name: str | None = None) -> list[RegisteredTable]:
+    """Every registered table, or the one named; UnknownTableError if it is not registered."""
+    if name is None:
+        rows = conn.execute(_SELECT + " ORDER BY table_id").fetchall()
+    else:
+        rows = conn.execute(_SELECT + " WHERE schema_name = %s AND table_name = %s", split_name(name)).fetchall()
+        if not rows:
+            raise UnknownTableError(f"table {name} is not registered with coldharbor "
+                                    "(register it with SELECT coldharbor.register_table(...))")
+    return [RegisteredTable(r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple(r[6])) for r in rows]
+
+
+def lake_columns(conn: psycopg.Connection, table: RegisteredTable) -> list[LakeColumn]:
+    """The table's columns as the catalog has them now; raises if a type no longer round-trips."""
+    try:
+        rows = conn.execute("SELECT column_name, pg_type, lake_type, key_position "
+                            "FROM coldharbor.lake_columns(%s::regclass)",
+                            (table.identifier.as_string(conn),)).fetchall()
+    except (psycopg.errors.FeatureNotSupported, psycopg.errors.InvalidName,
+            psycopg.errors.UndefinedTable) as exc:
+        raise ConfigError(f"cannot export {table.qualified_name}: {exc.diag.message_primary}") from exc
+    columns = [LakeColumn(*row) for row in rows]
+    keys = tuple(c.name for c in sorted((c for c in columns if c.is_key), key=lambda c: c.key_position))
+    if keys != table.key_columns:
+        raise ConfigError(f"cannot export {table.qualified_name}: its primary key is now ({', '.join(keys)}) "
+                          f"but was registered as ({', '.join(table.key_columns)}); register it again")
+    return columns

@@ -1,0 +1,64 @@
+"""The SparkSession every job uses: Delta enabled, UTC, jars resolved from Maven Central once."""
+
+from __future__ import annotations
+
+import os
+
+from coldharbor import settings
+
+# Knobs with their defaults; each can be overridden by spark-submit --conf or the environment.
+DEFAULT_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.sql.shuffle.partitions": os.environ.get("COLDHARBOR_SHUFFLE_PARTITIONS", "4"),
+    "spark.ui.enabled": "false",
+    # Reports must not read arbitrary files from SQL (SELECT * FROM parquet.`/etc/...`).
+    "spark.sql.runSQLOnFiles": "false",
+    "spark.databricks.delta.schema.autoMerge.enabled": "false",
+}
+
+
+def maven_packages() -> list[str]:
+    """Delta for this PySpark's major.minor, and the PostgreSQL JDBC driver."""
+    import pyspark
+
+    spark_minor = ".".join(pyspark.__version__.split(".")[:2])
+    return [
+        f"io.delta:delta-spark_{spark_minor}_{settings.SCALA_BINARY_VERSION}:{settings.DELTA_JAR_VERSION}",
+        f"org.postgresql:postgresql:{settings.POSTGRES_JDBC_VERSION}",
+    ]
+
+
+def ivy_dir() -> str:
+    """Where resolved jars are cached: set-up fills it once so scheduled runs never download."""
+    return os.environ.get("COLDHARBOR_IVY_DIR", str(settings.DATA_DIR / "ivy"))
+
+
+def session_conf(master: str | None = None) -> dict[str, str]:
+    conf = dict(DEFAULT_CONF)
+    conf["spark.jars.packages"] = ",".join(maven_packages())
+    conf["spark.jars.ivy"] = ivy_dir()
+    if master:
+        conf["spark.master"] = master
+    return conf
+
+
+def get_session(app_name: str):
+    """The job's session. Under spark-submit the submitted conf wins and only missing keys are
+    filled in; run directly (tests, `python jobs/x.py`) it starts `COLDHARBOR_SPARK_MASTER`.
+    """
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # launched by spark-submit
+        submitted = SparkConf()
+        conf = {k: v for k, v in session_conf().items() if not submitted.contains(k)}
+    else:
+        conf = session_conf(os.environ.get("COLDHARBOR_SPARK_MASTER", "local[2]"))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

@@ -1,0 +1,54 @@
+# Coldharbor: `make run` starts the service on its embedded defaults, `make test` runs every test.
+# Both install what they need first (virtual environment, pinned requirements, Spark jars).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(CURDIR)/$(VENV)/bin
+DATA   := $(CURDIR)/data
+
+export PYTHONPATH      := $(CURDIR)/jobs
+export PATH            := $(BIN):$(PATH)
+export SPARK_LOCAL_IP  ?= 127.0.0.1
+export COLDHARBOR_IVY_DIR ?= $(DATA)/ivy
+
+SPARK_SUBMIT = $(BIN)/spark-submit --master local[2] \
+	--packages $$($(BIN)/python -c 'from coldharbor.spark import maven_packages; print(",".join(maven_packages()))') \
+	--conf spark.jars.ivy=$(COLDHARBOR_IVY_DIR) --conf spark.ui.enabled=false
+
+.PHONY: run test setup stop export bench clean
+
+run: setup                         ## start PostgreSQL, write a demo workload, export it to the lake
+	$(BIN)/python -m coldharbor.stack up
+	$(BIN)/python -m coldharbor.stack demo
+	set -a && . $(DATA)/coldharbor.env && set +a && $(SPARK_SUBMIT) jobs/cdc_export.py
+	@echo "Coldharbor is running: PostgreSQL on 127.0.0.1 (settings in data/coldharbor.env), lake in data/lake."
+	@echo "Export again with 'make export'; stop with 'make stop'."
+
+test: setup                        ## the whole test suite against real PostgreSQL and Spark + Delta
+	$(BIN)/python -m pytest
+
+export: setup                      ## one CDC export run over every registered table
+	set -a && . $(DATA)/coldharbor.env && set +a && $(SPARK_SUBMIT) jobs/cdc_export.py
+
+bench: setup                       ## every benchmark, one table of ratios
+	$(BIN)/python -m bench.run_all
+
+stop:                              ## stop what `make run` started
+	-$(BIN)/python -m coldharbor.stack down
+
+setup: $(VENV)/.installed $(DATA)/ivy/.fetched
+
+$(VENV)/.installed: requirements.txt
+	@command -v java >/dev/null || { echo "Java 17+ is required (java not found on PATH)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	touch $@
+
+$(DATA)/ivy/.fetched: $(VENV)/.installed
+	mkdir -p $(DATA)
+	$(BIN)/python -m coldharbor.stack fetch-jars
+	touch $@
+
+clean: stop
+	rm -rf $(VENV) $(DATA)

@@ -1,0 +1,80 @@
+"""Helpers shared by the integration tests: run an export, read the lake, read PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from decimal import Decimal
+from pathlib import Path
+
+import psycopg
+
+from coldharbor import faults, pg, registry
+from coldharbor.export import ExportConfig, TableResult, export_table
+from coldharbor.lake_rows import live_rows
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def export(spark, dsn: str, name: str, lake_root: str, hook: faults.Hook = lambda point: None) -> TableResult:
+    """One in-process export of one table, as the job's run() does it."""
+    with pg.connect(dsn) as conn:
+        [table] = registry.load(conn, name)
+        config = ExportConfig(table=name, lake_root=lake_root, run_id="test")
+        return export_table(spark, conn, pg.JdbcTarget.from_dsn(dsn), table, config, hook)
+
+
+def lake_table(spark, lake_root: str, name: str):
+    schema, table = registry.split_name(name)
+    return spark.read.format("delta").load(f"{lake_root}/{schema}/{table}")
+
+
+def lake_live(spark, lake_root: str, name: str, keys: list[str]) -> dict:
+    """The live rows of the lake table (last write per key, no delete markers), keyed by key."""
+    rows = lake_table(spark, lake_root, name).transform(live_rows(keys)).collect()
+    return {tuple(r[k] for k in keys): {k: _normal(v) for k, v in r.asDict().items()} for r in rows}
+
+
+def pg_rows(conn: psycopg.Connection, query: str, keys: list[str]) -> dict:
+    cur = conn.execute(query)
+    names = [d.name for d in cur.description]
+    return {tuple(row[names.index(k)] for k in keys): {n: _normal(v) for n, v in zip(names, row)}
+            for row in cur.fetchall()}
+
+
+def _normal(value):
+    """One comparable form for values from psycopg and from Spark."""
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+    if isinstance(value, Decimal):
+        return value.normalize()
+    return value
+
+
+def dirty_ids(conn: psycopg.Connection, name: str) -> list[int]:
+    schema, table = registry.split_name(name)
+    return [r[0] for r in conn.execute(
+        """SELECT c.id FROM coldharbor.change_log c JOIN coldharbor.tables t USING (table_id)
+           WHERE t.schema_name = %s AND t.table_name = %s AND c.flushed_at IS NULL ORDER BY c.id""",
+        (schema, table)).fetchall()]
+
+
+def spark_submit_export(dsn: str, lake_root: str, *args: str, env: dict[str, str] | None = None,
+                        wait: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
+    """The export job as production runs it: spark-submit jobs/cdc_export.py."""
+    from coldharbor.spark import ivy_dir, maven_packages
+
+    bin_dir = Path(sys.executable).parent
+    command = [str(bin_dir / "spark-submit"), "--master", "local[1]",
+               "--packages", ",".join(maven_packages()), "--conf", f"spark.jars.ivy={ivy_dir()}",
+               "--conf", "spark.ui.enabled=false", str(PROJECT / "jobs" / "cdc_export.py"),
+               "--lake-root", lake_root, *args]
+    full_env = {**os.environ, "COLDHARBOR_PG_DSN": dsn, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})}
+    if wait:
+        return subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=600)
+    return subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

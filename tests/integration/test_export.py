@@ -1,0 +1,204 @@
+"""CDC export against real PostgreSQL and real Spark + Delta: round trip, races, crashes, locking."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+from delta.tables import DeltaTable
+
+from coldharbor import pg
+from tests.helpers import dirty_ids, export, lake_live, lake_table, pg_rows
+
+ALL_TYPES = """id bigint PRIMARY KEY, a smallint, b integer, c real, d double precision, e numeric(38,10),
+    f boolean, g text, h varchar(20), i char(3), j date, k timestamp, l timestamptz, m uuid, n bytea,
+    o json, p jsonb"""
+PG_AS_LAKE = "SELECT id, a, b, c, d, e, f, g, h, i, j, k, l, m::text AS m, n, o::text AS o, p::text AS p FROM {}"
+
+
+def make_table(conn, name: str, ddl: str = "id bigint PRIMARY KEY, v text") -> None:
+    conn.execute(f"CREATE TABLE {name} ({ddl})")
+    conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+
+
+def test_round_trip_of_every_supported_type(spark, pg_dsn, pg_conn, table_name, lake_root):
+    make_table(pg_conn, table_name, ALL_TYPES)
+    pg_conn.execute(f"""INSERT INTO {table_name} VALUES
+        (1, -32768, 2147483647, 1.5, 0.1, 1234567890123456789012345678.0123456789, true, 'héllo ☃', '',
+         'ab', '2024-02-29', '2024-03-10 02:30:00.123456', '2024-03-10 02:30:00.654321+05:30',
+         'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11', '\\x00ff10', '{{"b": 1,  "a": [1,2]}}', '{{"b": 1, "a": null}}'),
+        (2, NULL, NULL, 'NaN', '-Infinity', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+        (3, 0, 0, -0.0, 1e-300, -0.0000000001, false, E'line\\nbreak, "quoted"', 'x', ' ', '0001-01-01',
+         '1970-01-01 00:00:00', '1900-01-01 00:00:00+00', '00000000-0000-0000-0000-000000000000', '', '[]', '{{}}')""")
+    result = export(spark, pg_dsn, table_name, lake_root)
+    assert (result.status, result.rows, result.changes) == ("exported", 3, 3)
+    expected = pg_rows(pg_conn, PG_AS_LAKE.format(table_name), ["id"])
+    actual = lake_live(spark, lake_root, table_name, ["id"])
+    # NaN != NaN: compare it by its text.
+    for rows in (expected, actual):
+        rows[(2,)]["c"] = repr(rows[(2,)]["c"])
+    assert actual == expected
+    assert actual[(1,)]["m"] == "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"  # canonical uuid form
+    assert dirty_ids(pg_conn, table_name) == []
+
+
+def test_updates_deletes_and_reinserts_converge_across_batches(spark, pg_dsn, pg_conn, table_name, lake_root):
+    make_table(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 'v1' FROM generate_series(1, 100) g")
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'v2' WHERE id <= 30")
+    pg_conn.execute(f"DELETE FROM {table_name} WHERE id BETWEEN 20 AND 40")
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (25, 'reborn'), (500, 'new')")
+    pg_conn.execute(f"UPDATE {table_name} SET id = 1000 WHERE id = 50")
+    second = export(spark, pg_dsn, table_name, lake_root)
+    assert second.status == "exported" and second.batch_id == 2
+    expected = pg_rows(pg_conn, f"SELECT id, v FROM {table_name}", ["id"])
+    assert lake_live(spark, lake_root, table_name, ["id"]) == expected
+    assert len(expected) == 100 - 21 + 2
+    versions = pg_conn.execute("""SELECT DISTINCT lake_version FROM coldharbor.change_log c
+                                  JOIN coldharbor.tables t USING (table_id) WHERE t.table_name = %s""",
+                               (table_name,)).fetchall()
+    assert sorted(v[0] for v in versions) == [0, 1]
+
+
+def test_export_with_nothing_dirty_does_nothing(spark, pg_dsn, pg_conn, table_name, lake_root):
+    make_table(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")
+    export(spark, pg_dsn, table_name, lake_root)
+    again = export(spark, pg_dsn, table_name, lake_root)
+    assert again.status == "clean"
+    assert DeltaTable.forPath(spark, f"{lake_root}/public/{table_name}").history().count() == 1
+
+
+def test_partitioned_table_lands_in_key_partitions(spark, pg_dsn, pg_conn, table_name, lake_root):
+    pg_conn.execute(f"CREATE TABLE {table_name} (region text, id int, v text, PRIMARY KEY (region, id))")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_partition_by => '{region}')", (table_name,))
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES ('eu', 1, 'a'), ('us', 1, 'b'), ('eu', 2, 'c')")
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"DELETE FROM {table_name} WHERE region = 'us'")
+    export(spark, pg_dsn, table_name, lake_root)
+    detail = DeltaTable.forPath(spark, f"{lake_root}/public/{table_name}").detail().first()
+    assert detail["partitionColumns"] == ["region"]
+    assert lake_live(spark, lake_root, table_name, ["region", "id"]) == pg_rows(
+        pg_conn, f"SELECT region, id, v FROM {table_name}", ["region", "id"])
+
+
+def test_an_update_committed_between_read_and_mark_stays_dirty(spark, pg_dsn, pg_conn, table_name, lake_root):
+    """The mark race (invariant 1): marking by key would lose this update."""
+    make_table(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'before'), (2, 'other')")
+
+    def update_after_read(point: str) -> None:
+        if point == "after_read":
+            with psycopg.connect(pg_dsn, autocommit=True) as writer:
+                writer.execute(f"UPDATE {table_name} SET v = 'racing' WHERE id = 1")
+
+    first = export(spark, pg_dsn, table_name, lake_root, hook=update_after_read)
+    assert first.changes == 2
+    assert lake_live(spark, lake_root, table_name, ["id"])[(1,)]["v"] == "before"
+    assert len(dirty_ids(pg_conn, table_name)) == 1, "the racing update must stay dirty"
+    export(spark, pg_dsn, table_name, lake_root)
+    assert lake_live(spark, lake_root, table_name, ["id"])[(1,)]["v"] == "racing"
+    assert dirty_ids(pg_conn, table_name) == []
+
+
+def test_a_transaction_holding_a_lower_id_open_is_not_lost(spark, pg_dsn, pg_conn, table_name, lake_root):
+    """Invariant 2: ids are taken at insert, not commit; no high-water mark may skip id N."""
+    make_table(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a'), (2, 'b')")
+    export(spark, pg_dsn, table_name, lake_root)
+    slow = psycopg.connect(pg_dsn)  # not autocommit: holds its transaction open
+    try:
+        slow.execute(f"UPDATE {table_name} SET v = 'slow' WHERE id = 1")
+        pg_conn.execute(f"UPDATE {table_name} SET v = 'fast' WHERE id = 2")
+        ids = pg_conn.execute("SELECT max(id) FROM coldharbor.change_log").fetchone()[0]
+        export(spark, pg_dsn, table_name, lake_root)
+        assert lake_live(spark, lake_root, table_name, ["id"])[(2,)]["v"] == "fast"
+        slow.commit()
+    finally:
+        slow.close()
+    [slow_id] = dirty_ids(pg_conn, table_name)
+    assert slow_id < ids, "the open transaction took the lower id"
+    export(spark, pg_dsn, table_name, lake_root)
+    assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT id, v FROM {table_name}", ["id"])
+
+
+def test_many_writers_during_exports_converge(spark, pg_dsn, pg_conn, table_name, lake_root):
+    make_table(pg_conn, table_name)
+    stop = threading.Event()
+
+    def writer(offset: int) -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            n = 0
+            while not stop.is_set() and n < 400:
+                key = offset + n % 40
+                conn.execute(f"INSERT INTO {table_name} VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v",
+                             (key, f"w{offset}-{n}"))
+                if n % 7 == 0:
+                    conn.execute(f"DELETE FROM {table_name} WHERE id = %s", (offset + (n * 3) % 40,))
+                n += 1
+
+    threads = [threading.Thread(target=writer, args=(o,)) for o in (0, 20)]  # overlapping keys 20..39
+    for t in threads:
+        t.start()
+    for _ in range(2):
+        export(spark, pg_dsn, table_name, lake_root)
+    stop.set()
+    for t in threads:
+        t.join()
+    export(spark, pg_dsn, table_name, lake_root)
+    assert dirty_ids(pg_conn, table_name) == []
+    assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT id, v FROM {table_name}", ["id"])
+
+
+def test_a_replayed_batch_is_a_delta_no_op(spark, pg_dsn, pg_conn, table_name, lake_root):
+    from coldharbor import lake
+
+    make_table(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")
+    first = export(spark, pg_dsn, table_name, lake_root)
+    path = f"{lake_root}/public/{table_name}"
+    rows = lake_table(spark, lake_root, table_name)
+    [table_id] = pg_conn.execute("SELECT table_id FROM coldharbor.tables WHERE table_name = %s", (table_name,)).fetchone()
+    lake.append_batch(rows, path, app_id=lake.export_app_id(table_id), batch_id=first.batch_id, partition_by=(),
+                      metadata={"replay": True})
+    assert DeltaTable.forPath(spark, path).history().count() == 1
+    assert lake_table(spark, lake_root, table_name).count() == 1
+
+
+def test_an_unsupported_column_added_later_fails_before_anything_is_written(spark, pg_dsn, pg_conn, table_name, lake_root):
+    from coldharbor.errors import ConfigError
+
+    make_table(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")
+    pg_conn.execute(f"ALTER TABLE {table_name} ADD COLUMN addr inet")
+    with pytest.raises(ConfigError, match=f"column addr of table {table_name} has type inet"):
+        export(spark, pg_dsn, table_name, lake_root)
+    assert len(dirty_ids(pg_conn, table_name)) == 1
+    assert not DeltaTable.isDeltaTable(spark, f"{lake_root}/public/{table_name}")
+    assert pg_conn.execute("SELECT count(*) FROM coldharbor.export_batches b JOIN coldharbor.tables t "
+                           "USING (table_id) WHERE t.table_name = %s", (table_name,)).fetchone()[0] == 0
+
+
+def test_an_unwritable_lake_changes_nothing(spark, pg_dsn, pg_conn, table_name, tmp_path):
+    from coldharbor.errors import LakeUnavailableError
+
+    make_table(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the lake folder should be")
+    with pytest.raises(LakeUnavailableError, match="cannot write the lake at"):
+        export(spark, pg_dsn, table_name, str(blocker))
+    assert len(dirty_ids(pg_conn, table_name)) == 1
+
+
+def test_lock_held_elsewhere_means_skip(spark, pg_dsn, pg_conn, table_name, lake_root):
+    make_table(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")
+    [table_id] = pg_conn.execute("SELECT table_id FROM coldharbor.tables WHERE table_name = %s", (table_name,)).fetchone()
+    with pg.connect(pg_dsn) as other, pg.advisory_lock(other, "export", table_id) as held:
+        assert held
+        assert export(spark, pg_dsn, table_name, lake_root).status == "skipped"
+    assert len(dirty_ids(pg_conn, table_name)) == 1
+    assert export(spark, pg_dsn, table_name, lake_root).status == "exported"

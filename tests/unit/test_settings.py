@@ -1,0 +1,54 @@
+"""Settings and connection parsing, without a server."""
+
+from __future__ import annotations
+
+import pytest
+
+from coldharbor import settings
+from coldharbor.errors import ConfigError
+from coldharbor.hot_reader import dirty_images_query
+from coldharbor.pg import JdbcTarget, describe
+from coldharbor.registry import LakeColumn, RegisteredTable, split_name
+
+
+def test_missing_dsn_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv(settings.PG_DSN_ENV, raising=False)
+    with pytest.raises(ConfigError, match="COLDHARBOR_PG_DSN is not set"):
+        settings.pg_dsn()
+
+
+def test_jdbc_target_keeps_the_password_out_of_the_url():
+    target = JdbcTarget.from_dsn("postgresql://app:s3cret@db.internal:6543/shop")
+    assert target.url == "jdbc:postgresql://db.internal:6543/shop"
+    assert "s3cret" not in target.url
+    assert target.options()["password"] == "s3cret"
+
+
+def test_jdbc_target_refuses_a_unix_socket_dsn():
+    with pytest.raises(ConfigError, match="Spark's JDBC needs TCP"):
+        JdbcTarget.from_dsn("host=/var/run/postgresql dbname=shop")
+
+
+def test_describe_hides_credentials():
+    assert describe("postgresql://app:s3cret@db:5432/shop") == "db:5432/shop"
+
+
+@pytest.mark.parametrize("name, expected", [("orders", ("public", "orders")), ("sales.orders", ("sales", "orders"))])
+def test_split_name(name, expected):
+    assert split_name(name) == expected
+
+
+@pytest.mark.parametrize("bad", ["a.b.c", ".orders", "sales."])
+def test_split_name_refuses_malformed_names(bad):
+    with pytest.raises(ConfigError, match="not of the form schema.table"):
+        split_name(bad)
+
+
+def test_dirty_images_query_quotes_identifiers_and_reads_keys_from_the_change_log():
+    table = RegisteredTable(7, "Sales", 'odd"name', ("id",), None, (), ())
+    columns = [LakeColumn("id", "bigint", "LONG", 1), LakeColumn("u", "uuid", "STRING", None)]
+    text = dirty_images_query(table, columns).as_string(None)
+    assert '"Sales"."odd""name"' in text
+    assert "(d.key ->> 'id')::bigint AS \"id\"" in text
+    assert '(t."u")::text AS "u"' in text
+    assert "flushed_at IS NULL" in text and "table_id = 7" in text

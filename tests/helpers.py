@@ -64,8 +64,13 @@ def dirty_ids(conn: psycopg.Connection, name: str) -> list[int]:
 
 
 def spark_submit_export(dsn: str, lake_root: str, *args: str, env: dict[str, str] | None = None,
-                        wait: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
-    """The export job as production runs it: spark-submit jobs/cdc_export.py."""
+                        log_file: Path | None = None) -> subprocess.Popen | subprocess.CompletedProcess:
+    """The export job as production runs it: spark-submit jobs/cdc_export.py.
+
+    spark-submit relays the Python process's output on its stdout: both streams come back merged.
+    With `log_file` the job runs in the background writing there (a pipe nobody reads would fill
+    up and stall it); otherwise it is waited for.
+    """
     from coldharbor.spark import ivy_dir, maven_packages
 
     bin_dir = Path(sys.executable).parent
@@ -75,6 +80,8 @@ def spark_submit_export(dsn: str, lake_root: str, *args: str, env: dict[str, str
                "--lake-root", lake_root, *args]
     full_env = {**os.environ, "COLDHARBOR_PG_DSN": dsn, "PATH": f"{bin_dir}:{os.environ['PATH']}",
                 "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})}
-    if wait:
-        return subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=600)
-    return subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if log_file is None:
+        return subprocess.run(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=600)
+    with open(log_file, "w") as out:
+        return subprocess.Popen(command, env=full_env, stdout=out, stderr=subprocess.STDOUT)

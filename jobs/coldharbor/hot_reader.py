@@ -19,6 +19,8 @@ from coldharbor.registry import LakeColumn, RegisteredTable
 # PostgreSQL types the JDBC driver would not hand over as the lake type: cast to text in SQL.
 _AS_TEXT = {"uuid", "json", "jsonb"}
 JDBC_FETCH_SIZE = 20_000
+# The dirty-set aggregate spills to disk with PostgreSQL's default 4MB; one export session may use more.
+EXPORT_WORK_MEM = "256MB"
 
 
 def _column_expr(column: LakeColumn) -> sql.Composable:
@@ -73,8 +75,11 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
               .option("query", query)
               .option("fetchsize", JDBC_FETCH_SIZE)
               .option("preferTimestampNTZ", "true")  # timestamp (no zone) stays zone-free
+              .option("sessionInitStatement", f"SET work_mem = '{EXPORT_WORK_MEM}'")
               .load())
-    return images.localCheckpoint(eager=True)
+    # The read is one partition (one statement, one snapshot); spread it for the Delta write.
+    parallelism = spark.sparkContext.defaultParallelism
+    return images.repartition(parallelism).localCheckpoint(eager=True)
 
 
 def has_dirty(conn: psycopg.Connection, table_id: int) -> bool:

@@ -18,6 +18,9 @@ DEFAULT_CONF = {
     # Reports must not read arbitrary files from SQL (SELECT * FROM parquet.`/etc/...`).
     "spark.sql.runSQLOnFiles": "false",
     "spark.databricks.delta.schema.autoMerge.enabled": "false",
+    # Delta rebuilds table state (for txnVersion checks) in this many tasks; its default of 50
+    # turns a per-minute export into seconds of task overhead on a small machine.
+    "spark.databricks.delta.snapshotPartitions": os.environ.get("COLDHARBOR_DELTA_SNAPSHOT_PARTITIONS", "2"),
 }
 
 

@@ -1,0 +1,72 @@
+"""Shared benchmark scaffolding: a throwaway embedded PostgreSQL, timers and the ratio table."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from coldharbor import migrate, pg
+from coldharbor.embedded_pg import EmbeddedPostgres, new_password
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a benchmark table: what was measured, the figure, and its target."""
+
+    benchmark: str
+    measure: str
+    value: float
+    unit: str
+    target: str
+    met: bool | None
+
+    def cells(self) -> list[str]:
+        verdict = "" if self.met is None else ("yes" if self.met else "NO")
+        return [self.benchmark, self.measure, f"{self.value:,.2f} {self.unit}", self.target, verdict]
+
+
+def render(rows: list[Row]) -> str:
+    header = ["benchmark", "measure", "value", "target", "met"]
+    table = [header] + [r.cells() for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    lines = [" | ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in table]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+@contextmanager
+def temporary_postgres() -> Iterator[str]:
+    """A fresh migrated server on a free loopback port; yields its DSN."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    with tempfile.TemporaryDirectory(prefix="coldharbor-bench-") as folder:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = EmbeddedPostgres(Path(folder) / "pgdata", port)
+        password = new_password()
+        server.init(password)
+        server.start()
+        dsn = server.dsn(password)
+        try:
+            with pg.connect(dsn) as conn:
+                migrate.apply(conn, migrate.discover())
+            yield dsn
+        finally:
+            server.stop()
+
+
+def timed(action: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]

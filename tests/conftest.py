@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,30 +14,15 @@ os.environ["TZ"] = "UTC"
 time.tzset()
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-from coldharbor import migrate, pg  # noqa: E402
-from coldharbor.embedded_pg import EmbeddedPostgres, new_password  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from coldharbor import pg  # noqa: E402
+from coldharbor.stack import throwaway_server  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def pg_dsn(tmp_path_factory) -> Iterator[str]:
     """A fresh embedded PostgreSQL 18 on 127.0.0.1 with the coldharbor schema migrated."""
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "pgdata", free_port())
-    password = new_password()
-    server.init(password)
-    server.start()
-    dsn = server.dsn(password)
-    with pg.connect(dsn) as conn:
-        migrate.apply(conn, migrate.discover())
-    try:
+    with throwaway_server(tmp_path_factory.mktemp("pg")) as dsn:
         yield dsn
-    finally:
-        server.stop()
 
 
 @pytest.fixture()

@@ -12,7 +12,10 @@ import argparse
 import logging
 import os
 import random
+import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from coldharbor import migrate, pg, settings
@@ -42,6 +45,28 @@ def up() -> str:
     with pg.connect(dsn) as conn:
         migrate.apply(conn, migrate.discover())
     return dsn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def throwaway_server(folder: Path) -> Iterator[str]:
+    """A new migrated server in `folder` on a free loopback port (tests, benchmarks); yields its DSN."""
+    srv = EmbeddedPostgres(folder / "pgdata", free_port())
+    password = new_password()
+    srv.init(password)
+    srv.start()
+    try:
+        dsn = srv.dsn(password)
+        with pg.connect(dsn) as conn:
+            migrate.apply(conn, migrate.discover())
+        yield dsn
+    finally:
+        srv.stop()
 
 
 def _write_env(dsn: str) -> None:

@@ -104,7 +104,7 @@ def test_missing_connection_settings_fail_clearly(lake_root):
 
 
 def test_unreachable_postgres_fails_clearly(lake_root):
-    from tests.conftest import free_port
+    from coldharbor.stack import free_port
 
     port = free_port()
     result = run_job("--lake-root", lake_root, env={"COLDHARBOR_PG_DSN": f"postgresql://u:p@127.0.0.1:{port}/db"})

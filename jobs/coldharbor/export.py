@@ -126,19 +126,19 @@ def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: Regist
 
 
 def _batch_contents(images: DataFrame) -> tuple[list[int], int, datetime | None]:
-    """The change ids behind the images, the image count and the oldest change time."""
-    stats = images.agg(F.count(F.lit(1)).alias("rows"), F.min(OLDEST_CHANGE_AT).alias("oldest")).first()
+    """The change ids behind the images, the image count and the oldest change time (UTC)."""
+    # Epoch seconds, not a timestamp: PySpark turns timestamps into the Python process's local time.
+    stats = images.agg(F.count(F.lit(1)).alias("rows"),
+                       F.min(OLDEST_CHANGE_AT).cast("double").alias("oldest_epoch")).first()
     ids = images.select(F.explode(CHANGE_IDS).alias("id")).toArrow().column("id").to_numpy()
-    return ids.tolist(), stats["rows"], stats["oldest"]
+    oldest = stats["oldest_epoch"]
+    return ids.tolist(), stats["rows"], None if oldest is None else datetime.fromtimestamp(oldest, timezone.utc)
 
 
 def _log_batch(table: RegisteredTable, batch: batches.Batch, version: int, marked: int) -> None:
     age_s = None
     if batch.oldest_change_at is not None:
-        oldest = batch.oldest_change_at
-        if oldest.tzinfo is None:  # Spark hands timestamps back as naive UTC
-            oldest = oldest.replace(tzinfo=timezone.utc)
-        age_s = (datetime.now(timezone.utc) - oldest).total_seconds()
+        age_s = (datetime.now(timezone.utc) - batch.oldest_change_at).total_seconds()
     log.info("%s: exported batch %s: %s rows, %s changes marked flushed, Delta version %s, "
              "oldest change %.1fs old", table.qualified_name, batch.batch_id, batch.row_count, marked,
              version, age_s if age_s is not None else float("nan"))

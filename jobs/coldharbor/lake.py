@@ -36,14 +36,6 @@ def ensure_writable(spark: SparkSession, path: str) -> None:
         raise LakeUnavailableError(f"cannot write the lake at {path}: {_jvm_message(exc)}") from exc
 
 
-def latest_version(spark: SparkSession, path: str) -> int | None:
-    from delta.tables import DeltaTable
-
-    if not DeltaTable.isDeltaTable(spark, path):
-        return None
-    return DeltaTable.forPath(spark, path).history(1).collect()[0]["version"]
-
-
 def append_batch(rows: DataFrame, path: str, *, app_id: str, batch_id: int,
                  partition_by: Sequence[str], metadata: Mapping[str, object]) -> None:
     """One Delta commit holding the batch; a second call with the same batch id changes nothing."""

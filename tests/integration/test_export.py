@@ -112,14 +112,14 @@ def test_a_transaction_holding_a_lower_id_open_is_not_lost(spark, pg_dsn, pg_con
     try:
         slow.execute(f"UPDATE {table_name} SET v = 'slow' WHERE id = 1")
         pg_conn.execute(f"UPDATE {table_name} SET v = 'fast' WHERE id = 2")
-        ids = pg_conn.execute("SELECT max(id) FROM coldharbor.change_log").fetchone()[0]
+        newest_id = pg_conn.execute("SELECT max(id) FROM coldharbor.change_log").fetchone()[0]
         export(spark, pg_dsn, table_name, lake_root)
         assert lake_live(spark, lake_root, table_name, ["id"])[(2,)]["v"] == "fast"
         slow.commit()
     finally:
         slow.close()
     [slow_id] = dirty_ids(pg_conn, table_name)
-    assert slow_id < ids, "the open transaction took the lower id"
+    assert slow_id < newest_id, "the open transaction took the lower id"
     export(spark, pg_dsn, table_name, lake_root)
     assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT id, v FROM {table_name}", ["id"])
 
@@ -202,3 +202,24 @@ def test_lock_held_elsewhere_means_skip(spark, pg_dsn, pg_conn, table_name, lake
         assert export(spark, pg_dsn, table_name, lake_root).status == "skipped"
     assert len(dirty_ids(pg_conn, table_name)) == 1
     assert export(spark, pg_dsn, table_name, lake_root).status == "exported"
+
+
+def test_oldest_change_time_is_recorded_in_utc_whatever_the_local_zone(spark, pg_dsn, pg_conn, table_name,
+                                                                       lake_root, monkeypatch):
+    import time
+
+    make_table(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")
+    monkeypatch.setenv("TZ", "America/New_York")  # PySpark hands timestamps back in this zone
+    time.tzset()
+    try:
+        export(spark, pg_dsn, table_name, lake_root)
+    finally:
+        monkeypatch.setenv("TZ", "UTC")
+        time.tzset()
+    recorded, actual = pg_conn.execute(
+        """SELECT b.oldest_change_at, (SELECT min(created_at) FROM coldharbor.change_log c
+                                       WHERE c.table_id = b.table_id)
+           FROM coldharbor.export_batches b JOIN coldharbor.tables t USING (table_id)
+           WHERE t.table_name = %s""", (table_name,)).fetchone()
+    assert abs((recorded - actual).total_seconds()) < 0.001

@@ -85,3 +85,17 @@ def spark_submit_export(dsn: str, lake_root: str, *args: str, env: dict[str, str
                               timeout=600)
     with open(log_file, "w") as out:
         return subprocess.Popen(command, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def serve_report(monkeypatch, dsn: str, lake_root: str, *args: str) -> int:
+    """serve_report.py's main() in this process (it reuses the test session's SparkSession)."""
+    from coldharbor import serve_cli
+
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", dsn)
+    return serve_cli.main(["--lake-root", lake_root, *args])
+
+
+def report_run(conn: psycopg.Connection, run_id: str) -> dict:
+    cur = conn.execute("SELECT * FROM coldharbor.report_runs WHERE run_id = %s", (run_id,))
+    row = cur.fetchone()
+    return dict(zip([d.name for d in cur.description], row)) if row else {}

@@ -42,7 +42,11 @@ def begin(conn: psycopg.Connection, table_id: int, run_id: str, change_ids: Sequ
 
 
 def mark_flushed(conn: psycopg.Connection, table_id: int, batch_id: int, lake_version: int) -> int:
-    """Marks exactly the batch's change ids flushed at `lake_version`; returns how many it marked."""
+    """Marks exactly the batch's change ids flushed at `lake_version`; returns how many it marked.
+
+    The batch keeps its change ids: a report that pinned an older lake version finds through them
+    the changes this mark made invisible to `flushed_at IS NULL` (invariant 6).
+    """
     with conn.transaction():
         marked = conn.execute(
             """UPDATE coldharbor.change_log c
@@ -53,7 +57,7 @@ def mark_flushed(conn: psycopg.Connection, table_id: int, batch_id: int, lake_ve
             {"version": lake_version, "table": table_id, "batch": batch_id}).rowcount
         conn.execute(
             """UPDATE coldharbor.export_batches
-                  SET state = 'flushed', lake_version = %s, finished_at = now(), change_ids = NULL
+                  SET state = 'flushed', lake_version = %s, finished_at = now()
                 WHERE table_id = %s AND batch_id = %s""", (lake_version, table_id, batch_id))
     return marked
 

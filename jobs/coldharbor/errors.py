@@ -21,3 +21,7 @@ class PostgresUnavailableError(ColdharborError):
 
 class LakeUnavailableError(ColdharborError):
     """The lake location cannot be read or written."""
+
+
+class ReportError(ColdharborError, ValueError):
+    """A report definition, its SQL, a parameter or its target is not acceptable."""

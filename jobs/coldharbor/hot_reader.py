@@ -23,7 +23,7 @@ JDBC_FETCH_SIZE = 20_000
 EXPORT_WORK_MEM = "256MB"
 
 
-def _column_expr(column: LakeColumn) -> sql.Composable:
+def column_expr(column: LakeColumn) -> sql.Composable:
     if column.is_key:
         # Deleted keys have no row left to join: their key values come from the change log.
         expr = sql.SQL("(d.key ->> {})::{}").format(sql.Literal(column.name), sql.SQL(column.pg_type))
@@ -34,17 +34,31 @@ def _column_expr(column: LakeColumn) -> sql.Composable:
     return sql.SQL("{} AS {}").format(expr, sql.Identifier(column.name))
 
 
-def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sql.Composed:
-    """One row per dirty key: its image now (or a delete marker), newest change id, all change ids."""
-    key_match = sql.SQL(" AND ").join(
+def change_time(conn: psycopg.Connection) -> sql.Composable:
+    """When a change_log row's change happened: its commit time when the server tracks commit
+    timestamps (as-of reports need it), else the start of its transaction."""
+    tracked = conn.execute("SELECT current_setting('track_commit_timestamp')::bool").fetchone()[0]
+    if tracked:
+        return sql.SQL("coalesce(pg_xact_commit_timestamp(xmin), created_at)")
+    return sql.SQL("created_at")
+
+
+def key_match(columns: Sequence[LakeColumn]) -> sql.Composable:
+    """The table row `t` whose key is the change_log key `d.key`."""
+    return sql.SQL(" AND ").join(
         sql.SQL("t.{} = (d.key ->> {})::{}").format(sql.Identifier(c.name), sql.Literal(c.name), sql.SQL(c.pg_type))
         for c in columns if c.is_key)
+
+
+def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
+                       changed_at: sql.Composable = sql.SQL("created_at")) -> sql.Composed:
+    """One row per dirty key: its image now (or a delete marker), newest change id, all change ids."""
     return sql.SQL("""
         WITH dirty AS (
             SELECT key,
                    array_agg(id ORDER BY id) AS change_ids,
                    max(id) AS change_seq,
-                   (array_agg(created_at ORDER BY id DESC))[1] AS changed_at,
+                   (array_agg({change_time} ORDER BY id DESC))[1] AS changed_at,
                    min(created_at) AS oldest_change_at
             FROM coldharbor.change_log
             WHERE table_id = {table_id} AND flushed_at IS NULL
@@ -57,10 +71,10 @@ def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn]) ->
                d.change_ids AS {change_ids}
         FROM dirty d LEFT JOIN {table} t ON {key_match}""").format(
         table_id=sql.Literal(table.table_id),
-        columns=sql.SQL(", ").join(_column_expr(c) for c in columns),
+        columns=sql.SQL(", ").join(column_expr(c) for c in columns),
         deleted=sql.Identifier(DELETED), seq=sql.Identifier(SEQ), changed_at=sql.Identifier(CHANGED_AT),
         oldest=sql.Identifier(OLDEST_CHANGE_AT), change_ids=sql.Identifier(CHANGE_IDS),
-        table=table.identifier, key_match=key_match)
+        table=table.identifier, key_match=key_match(columns), change_time=changed_at)
 
 
 def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget,
@@ -70,7 +84,7 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
     A JDBC DataFrame re-runs its query on every action; the eager local checkpoint makes the
     rows written to the lake and the change ids marked flushed come from the same single read.
     """
-    query = dirty_images_query(table, columns).as_string(conn)
+    query = dirty_images_query(table, columns, change_time(conn)).as_string(conn)
     images = (spark.read.format("jdbc").options(**jdbc.options())
               .option("query", query)
               .option("fetchsize", JDBC_FETCH_SIZE)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -69,6 +70,79 @@ def find_batch_commit(spark: SparkSession, path: str, app_id: str, batch_id: int
         if meta.get("app_id") == app_id and meta.get("batch_id") == batch_id:
             return entry["version"]
     return None
+
+
+def pin_version(spark: SparkSession, path: str) -> int | None:
+    """The table's current version (what a report will read AS OF), or None if there is no table yet."""
+    from delta.tables import DeltaTable
+
+    try:
+        if not DeltaTable.isDeltaTable(spark, path):
+            return None
+        return DeltaTable.forPath(spark, path).history(1).select("version").first()["version"]
+    except Exception as exc:
+        raise LakeUnavailableError(f"cannot read the lake at {path}: {_jvm_message(exc)}") from exc
+
+
+def commit_time(spark: SparkSession, path: str, version: int) -> datetime:
+    """When a version was committed (UTC)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    # Epoch seconds: PySpark would hand timestamps back in the Python process's local zone.
+    row = (DeltaTable.forPath(spark, path).history().filter(F.col("version") == version)
+           .select(F.col("timestamp").cast("double").alias("epoch")).first())
+    if row is None:
+        raise LakeUnavailableError(f"version {version} of {path} is not in its Delta history")
+    return datetime.fromtimestamp(row["epoch"], timezone.utc)
+
+
+def read_version(spark: SparkSession, path: str, version: int) -> DataFrame:
+    try:
+        return spark.read.format("delta").option("versionAsOf", version).load(path)
+    except Exception as exc:
+        raise LakeUnavailableError(f"cannot read version {version} of the lake table at {path}: "
+                                   f"{_jvm_message(exc)}") from exc
+
+
+def files_gone(exc: Exception) -> bool:
+    """Whether a read failed because files of the version were removed (VACUUM, a lost folder)."""
+    text = str(exc)
+    return any(marker in text for marker in ("FileNotFoundException", "FILE_NOT_FOUND", "DELTA_FILE_NOT_FOUND",
+                                             "VERSION_NOT_FOUND", "does not exist"))
+
+
+def read_text(spark: SparkSession, path: str) -> str | None:
+    """A small file on the lake's file system (any Hadoop URI), or None if it is not there."""
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(hadoop_path):
+        return None
+    stream = fs.open(hadoop_path)
+    try:
+        return jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()
+
+
+def write_text(spark: SparkSession, path: str, text: str) -> None:
+    """Replaces a small file on the lake's file system: written aside, then renamed over."""
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    staged = jvm.org.apache.hadoop.fs.Path(path + ".tmp")
+    out = fs.create(staged, True)
+    try:
+        out.write(bytearray(text.encode("utf-8")))
+    finally:
+        out.close()
+    fs.delete(hadoop_path, False)
+    fs.rename(staged, hadoop_path)
+
+
+def jvm_message(exc: Exception) -> str:
+    return _jvm_message(exc)
 
 
 def _jvm_message(exc: Exception) -> str:

@@ -43,3 +43,22 @@ def lake_root(explicit: str | None = None) -> str:
     if not root:
         raise ConfigError(f"no lake root: pass --lake-root or set {LAKE_ROOT_ENV}")
     return root.rstrip("/")
+
+
+HISTORY_WINDOW_ENV = "COLDHARBOR_HISTORY_WINDOW_HOURS"
+# How far back as-of reports may ask; compaction keeps every version inside it.
+DEFAULT_HISTORY_WINDOW_HOURS = 168.0
+REPORTS_DIR = Path(os.environ.get("COLDHARBOR_REPORTS_DIR", PROJECT_DIR / "sql" / "reports"))
+
+
+def history_window_hours() -> float:
+    raw = os.environ.get(HISTORY_WINDOW_ENV)
+    if raw is None:
+        return DEFAULT_HISTORY_WINDOW_HOURS
+    try:
+        hours = float(raw)
+    except ValueError:
+        raise ConfigError(f"{HISTORY_WINDOW_ENV}={raw!r} is not a number of hours") from None
+    if not hours > 0:
+        raise ConfigError(f"{HISTORY_WINDOW_ENV} must be a positive number of hours, not {raw!r}")
+    return hours

@@ -18,6 +18,10 @@ DEFAULT_CONF = {
     # Reports must not read arbitrary files from SQL (SELECT * FROM parquet.`/etc/...`).
     "spark.sql.runSQLOnFiles": "false",
     "spark.databricks.delta.schema.autoMerge.enabled": "false",
+    # Spark 4.2 binds :name parameters inside its parser, which Delta's parser wrapper does not pass
+    # on (the parameters stay unbound); the analysis-time binding still works through it. Values
+    # are bound as literals either way, never formatted into the SQL text.
+    "spark.sql.legacy.parameterSubstitution.constantsOnly": "true",
     # Delta rebuilds table state (for txnVersion checks) in this many tasks; its default of 50
     # turns a per-minute export into seconds of task overhead on a small machine.
     "spark.databricks.delta.snapshotPartitions": os.environ.get("COLDHARBOR_DELTA_SNAPSHOT_PARTITIONS", "2"),

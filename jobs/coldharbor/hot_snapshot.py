@@ -1,0 +1,144 @@
+"""The PostgreSQL half of a report's consistent read: every referenced table's dirty set, in one
+snapshot (one REPEATABLE READ READ ONLY transaction on one connection), collected once.
+
+A key is dirty for a report that pinned lake version V when one of its changes is not in lake@V:
+still unflushed (`flushed_at IS NULL`), or flushed by a batch committed after V (found through
+`export_batches.change_ids`). Its image is the row as the snapshot sees it, or a delete marker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from coldharbor import hot_reader, registry
+from coldharbor.errors import LakeUnavailableError
+from coldharbor.lake_rows import DELETED
+from coldharbor.registry import LakeColumn, RegisteredTable
+
+log = logging.getLogger(__name__)
+
+_ARROW_TYPES = {
+    "SHORT": pa.int16(), "INT": pa.int32(), "LONG": pa.int64(), "FLOAT": pa.float32(),
+    "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "STRING": pa.string(), "DATE": pa.date32(),
+    "TIMESTAMP_NTZ": pa.timestamp("us"), "TIMESTAMP": pa.timestamp("us", tz="UTC"), "BINARY": pa.binary(),
+}
+HOT_FETCH_ROWS = 50_000
+
+
+@dataclass(frozen=True)
+class HotTable:
+    table: RegisteredTable
+    columns: tuple[LakeColumn, ...]
+    images: pa.Table                   # dirty keys: the columns plus _ch_deleted
+    unexported_since: datetime | None  # earliest change not in the pinned lake version
+    hot_only: bool = False             # images hold the whole table (the lake was not read)
+
+
+@dataclass(frozen=True)
+class HotSnapshot:
+    taken_at: datetime
+    tables: Mapping[int, HotTable]
+
+
+def arrow_type(lake_type: str) -> pa.DataType:
+    if lake_type.startswith("DECIMAL("):
+        precision, scale = lake_type[len("DECIMAL("):-1].split(",")
+        return pa.decimal128(int(precision), int(scale))
+    return _ARROW_TYPES[lake_type]
+
+
+def _changes_since(table: RegisteredTable, pinned_version: int) -> sql.Composed:
+    """Change rows not in lake@pinned_version: unflushed, or flushed by a later batch."""
+    return sql.SQL("""
+        SELECT key, id FROM coldharbor.change_log
+         WHERE table_id = {table_id} AND flushed_at IS NULL
+        UNION ALL
+        SELECT c.key, c.id
+          FROM coldharbor.export_batches b
+         CROSS JOIN LATERAL unnest(b.change_ids) AS u(id)
+          JOIN coldharbor.change_log c ON c.id = u.id
+         WHERE b.table_id = {table_id} AND b.state = 'flushed' AND b.lake_version > {version}""").format(
+        table_id=sql.Literal(table.table_id), version=sql.Literal(pinned_version))
+
+
+def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], pinned_version: int) -> sql.Composed:
+    return sql.SQL("""
+        WITH dirty AS (SELECT DISTINCT key FROM ({changes}) changes)
+        SELECT {columns}, t.ctid IS NULL AS {deleted}
+        FROM dirty d LEFT JOIN {table} t ON {key_match}""").format(
+        changes=_changes_since(table, pinned_version),
+        columns=sql.SQL(", ").join(hot_reader.column_expr(c) for c in columns),
+        deleted=sql.Identifier(DELETED), table=table.identifier, key_match=hot_reader.key_match(columns))
+
+
+def whole_table_query(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sql.Composed:
+    """Best effort without the lake: the rows the hot tier still holds."""
+    def expr(c: LakeColumn) -> sql.Composable:
+        col = sql.SQL("t.{}").format(sql.Identifier(c.name))
+        return sql.SQL("{}::text AS {}").format(col, sql.Identifier(c.name)) if c.pg_type in ("uuid", "json", "jsonb") \
+            else sql.SQL("{} AS {}").format(col, sql.Identifier(c.name))
+    return sql.SQL("SELECT {columns}, false AS {deleted} FROM {table} t").format(
+        columns=sql.SQL(", ").join(expr(c) for c in columns), deleted=sql.Identifier(DELETED),
+        table=table.identifier)
+
+
+def _unexported_since(conn: psycopg.Connection, table: RegisteredTable, pinned_version: int) -> datetime | None:
+    """Earliest time of a change lake@pinned_version lacks: a bound for as-of reads."""
+    change_time = hot_reader.change_time(conn)
+    return conn.execute(sql.SQL("""
+        SELECT least(
+            (SELECT min({change_time}) FROM coldharbor.change_log
+              WHERE table_id = {table_id} AND flushed_at IS NULL),
+            (SELECT min(oldest_change_at) FROM coldharbor.export_batches
+              WHERE table_id = {table_id} AND state = 'flushed' AND lake_version > {version}))""").format(
+        change_time=change_time, table_id=sql.Literal(table.table_id), version=sql.Literal(pinned_version))
+    ).fetchone()[0]
+
+
+def _fetch_arrow(conn: psycopg.Connection, query: sql.Composed, columns: Sequence[LakeColumn]) -> pa.Table:
+    schema = pa.schema([pa.field(c.name, arrow_type(c.lake_type)) for c in columns] + [pa.field(DELETED, pa.bool_())])
+    batches = []
+    with conn.cursor(name="coldharbor_hot_images") as cur:  # server-side: bounded client memory
+        cur.itersize = HOT_FETCH_ROWS
+        cur.execute(query)
+        while rows := cur.fetchmany(HOT_FETCH_ROWS):
+            batches.append(pa.record_batch([pa.array(col, type=f.type) for col, f in zip(zip(*rows), schema)],
+                                           schema=schema))
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+def _flushed_before(conn: psycopg.Connection, table: RegisteredTable) -> bool:
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.export_batches "
+                        "WHERE table_id = %s AND state = 'flushed')", (table.table_id,)).fetchone()[0]
+
+
+def read(conn: psycopg.Connection, pinned: Mapping[int, int | None], tables: Sequence[RegisteredTable],
+         hot_only: bool = False) -> HotSnapshot:
+    """Every table's dirty set against its pinned lake version (None: no lake table yet), in one
+    snapshot. With `hot_only` the lake is not read and each table comes whole from PostgreSQL."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        taken_at = conn.execute("SELECT statement_timestamp()").fetchone()[0]  # takes the snapshot
+        result: dict[int, HotTable] = {}
+        for table in tables:
+            columns = tuple(registry.lake_columns(conn, table))
+            if hot_only:
+                images = _fetch_arrow(conn, whole_table_query(table, columns), columns)
+                result[table.table_id] = HotTable(table, columns, images, None, hot_only=True)
+                continue
+            version = pinned[table.table_id]
+            if version is None and _flushed_before(conn, table):
+                raise LakeUnavailableError(f"the lake table of {table.qualified_name} is missing, but changes of it "
+                                           "were flushed there; the lake location is wrong or was removed")
+            since = -1 if version is None else version
+            images = _fetch_arrow(conn, dirty_images_query(table, columns, since), columns)
+            result[table.table_id] = HotTable(table, columns, images, _unexported_since(conn, table, since))
+            log.info("%s: %s dirty keys against lake version %s", table.qualified_name, images.num_rows, version)
+    return HotSnapshot(taken_at, result)

@@ -1,0 +1,211 @@
+"""Report definitions: a header of `-- key: value` lines, then one SELECT.
+
+    -- report: orders_by_status          (defaults to the file name)
+    -- target: reports.orders_by_status  (reports.<name>; Delta: the report's folder under the lake)
+    -- sink: postgres                    (postgres | delta)
+    -- schedule: @hourly                 (cron or preset; none = run on demand only)
+    -- param: min_amount decimal(12,2) = 0
+    SELECT status, count(*) AS orders FROM demo_orders WHERE amount >= :min_amount GROUP BY status
+
+Parameters are typed and bound by Spark (`:name` markers), never formatted into the SQL text.
+Targets come from an allow-list: the targets the report files declare, plus `adhoc_*` names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import date, datetime, timezone
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+from coldharbor.errors import ReportError
+
+REPORTS_SCHEMA = "reports"
+SINKS = ("postgres", "delta")
+# Lower-case PostgreSQL-safe names only; no quoting is ever needed, so none can be abused.
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+ADHOC_PREFIX = "adhoc_"
+_HEADER = re.compile(r"^--\s*([a-z_]+)\s*:\s*(.*?)\s*$")
+_PARAM = re.compile(r"^([a-z][a-z0-9_]*)\s+([a-z_]+(?:\(\s*\d+\s*,\s*\d+\s*\))?)(?:\s*=\s*(.*))?$")
+_DECIMAL = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+PARAM_TYPES = ("string", "int", "bigint", "double", "decimal", "boolean", "date", "timestamp")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    type: str                   # one of PARAM_TYPES; decimal(p,s) keeps its precision
+    default: str | None = None  # as written in the header; None: the parameter is required
+
+    def parse(self, raw: str) -> object:
+        """The typed value of `raw`, or a ReportError naming the parameter."""
+        try:
+            return _PARSERS[self.base_type](raw, self.type)
+        except (ValueError, InvalidOperation) as exc:
+            raise ReportError(f"parameter {self.name}: {raw!r} is not a valid {self.type}") from exc
+
+    @property
+    def base_type(self) -> str:
+        return "decimal" if self.type.startswith("decimal") else self.type
+
+
+def _parse_decimal(raw: str, type_: str) -> Decimal:
+    value = Decimal(raw)
+    match = _DECIMAL.match(type_)
+    if not value.is_finite():
+        raise ValueError("not finite")
+    if match:
+        precision, scale = int(match[1]), int(match[2])
+        value = value.quantize(Decimal(1).scaleb(-scale))
+        if len(value.as_tuple().digits) > precision:
+            raise ValueError("too many digits")
+    return value
+
+
+def _parse_bool(raw: str, _type: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("true", "t", "yes", "1"):
+        return True
+    if lowered in ("false", "f", "no", "0"):
+        return False
+    raise ValueError("not a boolean")
+
+
+def _parse_int(raw: str, type_: str) -> int:
+    value = int(raw.strip(), 10)
+    bound = 2**31 if type_ == "int" else 2**63
+    if not -bound <= value < bound:
+        raise ValueError("out of range")
+    return value
+
+
+def _parse_timestamp(raw: str, _type: str) -> datetime:
+    value = datetime.fromisoformat(raw.strip())
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+_PARSERS = {
+    "string": lambda raw, _t: raw,
+    "int": _parse_int,
+    "bigint": _parse_int,
+    "double": lambda raw, _t: float(raw),
+    "decimal": _parse_decimal,
+    "boolean": _parse_bool,
+    "date": lambda raw, _t: date.fromisoformat(raw.strip()),
+    "timestamp": _parse_timestamp,
+}
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    name: str
+    sql: str
+    target: str                      # bare name inside the reports schema / the Delta reports folder
+    sink: str = "postgres"
+    schedule: str | None = None
+    params: tuple[ParamSpec, ...] = field(default_factory=tuple)
+    source: str | None = None        # file it came from; None for ad-hoc SQL
+
+    def bind(self, raw: Mapping[str, str]) -> dict[str, object]:
+        """Typed values for every declared parameter; unknown or missing ones are refused."""
+        declared = {p.name: p for p in self.params}
+        unknown = sorted(set(raw) - set(declared))
+        if unknown:
+            raise ReportError(f"report {self.name} has no parameter {', '.join(unknown)} "
+                              f"(it declares: {', '.join(declared) or 'none'})")
+        values = {}
+        for name, param in declared.items():
+            text = raw.get(name, param.default)
+            if text is None:
+                raise ReportError(f"report {self.name} needs a value for parameter {name} ({param.type})")
+            values[name] = param.parse(text)
+        return values
+
+
+def check_name(kind: str, name: str) -> str:
+    if not NAME_PATTERN.match(name):
+        raise ReportError(f"{kind} {name!r} is not allowed: use lower-case letters, digits and _, "
+                          "starting with a letter, at most 48 characters")
+    return name
+
+
+def target_name(target: str) -> str:
+    """`reports.x` or `x` -> `x`, checked against the name pattern."""
+    schema, _, name = target.rpartition(".")
+    if schema and schema != REPORTS_SCHEMA:
+        raise ReportError(f"target {target!r} is not allowed: report tables live in the {REPORTS_SCHEMA} schema")
+    return check_name("target", name)
+
+
+def parse_param(text: str) -> ParamSpec:
+    match = _PARAM.match(text.strip())
+    if not match:
+        raise ReportError(f"parameter declaration {text!r} is not of the form 'name type [= default]'")
+    name, type_, default = match[1], match[2].replace(" ", ""), match[3]
+    base = "decimal" if type_.startswith("decimal") else type_
+    if base not in PARAM_TYPES:
+        raise ReportError(f"parameter {name}: type {type_!r} is not one of {', '.join(PARAM_TYPES)}")
+    spec = ParamSpec(name, type_, default)
+    if default is not None:
+        spec.parse(default)
+    return spec
+
+
+def parse_report(text: str, default_name: str, source: str | None = None) -> ReportSpec:
+    """A report file's text -> ReportSpec; ReportError naming the line that is wrong."""
+    header: dict[str, str] = {}
+    params: list[ParamSpec] = []
+    body: list[str] = []
+    for line in text.splitlines():
+        match = _HEADER.match(line) if not body else None
+        if match:
+            key, value = match[1], match[2]
+            if key == "param":
+                params.append(parse_param(value))
+            elif key in ("report", "target", "sink", "schedule", "description"):
+                header[key] = value
+            else:
+                raise ReportError(f"{source or default_name}: unknown header '{key}' "
+                                  "(known: report, target, sink, schedule, param, description)")
+        elif line.strip() or body:
+            body.append(line)
+    name = check_name("report name", header.get("report", default_name))
+    sink = header.get("sink", "postgres")
+    if sink not in SINKS:
+        raise ReportError(f"report {name}: sink {sink!r} is not one of {', '.join(SINKS)}")
+    if len({p.name for p in params}) != len(params):
+        raise ReportError(f"report {name}: a parameter is declared twice")
+    schedule = header.get("schedule") or None
+    return ReportSpec(name=name, sql="\n".join(body).strip(), target=target_name(header.get("target", name)),
+                      sink=sink, schedule=None if schedule == "none" else schedule, params=tuple(params),
+                      source=source)
+
+
+def load_reports(folder: Path) -> dict[str, ReportSpec]:
+    """Every report under `folder` (one per .sql file), by name."""
+    reports: dict[str, ReportSpec] = {}
+    for path in sorted(folder.glob("*.sql")):
+        spec = parse_report(path.read_text(), path.stem, str(path))
+        if spec.name in reports:
+            raise ReportError(f"two report files define report {spec.name}")
+        reports[spec.name] = spec
+    return reports
+
+
+def allowed_targets(reports: Mapping[str, ReportSpec]) -> set[str]:
+    return {spec.target for spec in reports.values()}
+
+
+def check_target(target: str, report: ReportSpec | None, reports: Mapping[str, ReportSpec]) -> str:
+    """The allow-list: a report file writes its declared target; ad-hoc SQL writes adhoc_* only."""
+    name = target_name(target)
+    if report is not None and report.source is not None:
+        if name != report.target:
+            raise ReportError(f"report {report.name} writes {REPORTS_SCHEMA}.{report.target}, not {name}")
+        return name
+    if not name.startswith(ADHOC_PREFIX) or name in allowed_targets(reports):
+        raise ReportError(f"target {name!r} is not allowed for ad-hoc SQL: use a name starting with "
+                          f"{ADHOC_PREFIX!r} that no report file declares")
+    return name

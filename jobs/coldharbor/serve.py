@@ -1,0 +1,208 @@
+"""serve_report: run a report over the unified view of every table it reads (invariant 6).
+
+  1. validate the report (one read-only SELECT over registered tables, typed parameters, an
+     allowed target) and record the run;
+  2. pin every referenced table's lake version V;
+  3. in one PostgreSQL snapshot, collect each table's dirty keys and their hot images;
+  4. view = (last write per key of lake@V, markers dropped) minus dirty keys, plus hot images;
+  5. run the SELECT with its parameters bound, write the result atomically, record the figures.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+from pyspark.sql import DataFrame, SparkSession
+
+from coldharbor import hot_snapshot, lake, registry, registry_cache, settings, sinks, sql_guard
+from coldharbor.errors import ColdharborError, LakeUnavailableError, ReportError
+from coldharbor.hot_snapshot import HotSnapshot, HotTable
+from coldharbor.lake_rows import DELETED
+from coldharbor.pg import JdbcTarget
+from coldharbor.registry import RegisteredTable
+from coldharbor.report_runs import RunRecord
+from coldharbor.report_spec import ReportSpec
+from coldharbor.unified import cold_live, table_contract, unified_rows
+
+log = logging.getLogger(__name__)
+
+MODES = ("strict", "best_effort")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    report: ReportSpec
+    params: Mapping[str, object]
+    target: str
+    sink: str
+    mode: str
+    as_of: datetime | None
+    lake_root: str
+    run_id: str
+    history_window: timedelta
+
+
+def check_parameters(checked: sql_guard.CheckedQuery, report: ReportSpec) -> None:
+    declared = {p.name for p in report.params}
+    undeclared = sorted(checked.parameters - declared)
+    if undeclared:
+        raise ReportError(f"report {report.name} uses :{', :'.join(undeclared)} but declares no such parameter "
+                          "(declare it in the header: -- param: name type [= default])")
+
+
+def pin_versions(spark: SparkSession, tables: Sequence[RegisteredTable], lake_root: str) -> dict[int, int | None]:
+    """Step 2, before the PostgreSQL snapshot: the lake version each table is read at."""
+    return {t.table_id: lake.pin_version(spark, t.lake_path(lake_root)) for t in tables}
+
+
+def check_as_of(as_of: datetime, snapshot: HotSnapshot, window: timedelta) -> None:
+    """An as-of read is exact only inside the history window and before the oldest change the
+    pinned lake versions lack."""
+    if as_of > snapshot.taken_at:
+        raise ReportError(f"as-of {as_of.isoformat()} is in the future (now: {snapshot.taken_at.isoformat()})")
+    if as_of < snapshot.taken_at - window:
+        raise ReportError(f"as-of {as_of.isoformat()} is outside the history window of "
+                          f"{window.total_seconds() / 3600:g} hours; the oldest time a report can be asked for "
+                          f"is {(snapshot.taken_at - window).isoformat()}")
+    for hot in snapshot.tables.values():
+        if hot.unexported_since is not None and hot.unexported_since <= as_of:
+            raise ReportError(f"as-of {as_of.isoformat()} is not in the lake yet: {hot.table.qualified_name} has "
+                              f"changes from {hot.unexported_since.isoformat()} that are not exported; "
+                              "retry after the next export")
+
+
+def hot_frame(spark: SparkSession, hot: HotTable) -> DataFrame:
+    """The collected images as a DataFrame; a local relation, so never re-read from PostgreSQL."""
+    return spark.createDataFrame(hot.images)
+
+
+def table_view(spark: SparkSession, hot: HotTable, version: int | None, lake_root: str,
+               as_of: datetime | None) -> DataFrame:
+    columns = hot.columns
+    if hot.hot_only:
+        return hot_frame(spark, hot).transform(table_contract(columns))
+    if as_of is not None:
+        if version is None:
+            return hot_frame(spark, hot).limit(0).transform(table_contract(columns))
+        return lake.read_version(spark, hot.table.lake_path(lake_root), version).transform(cold_live(columns, as_of))
+    images = hot_frame(spark, hot)
+    if version is None:  # nothing exported yet: the table is its hot images
+        return images.filter(~images[DELETED]).transform(table_contract(columns))
+    cold = lake.read_version(spark, hot.table.lake_path(lake_root), version).transform(cold_live(columns))
+    return cold.transform(unified_rows(images, columns))
+
+
+def register_views(spark: SparkSession, snapshot: HotSnapshot, pinned: Mapping[int, int | None],
+                   lake_root: str, as_of: datetime | None) -> None:
+    for table_id, hot in snapshot.tables.items():
+        view = table_view(spark, hot, pinned.get(table_id), lake_root, as_of)
+        view.createOrReplaceTempView(sql_guard.view_name(hot.table))
+
+
+def run_query(spark: SparkSession, checked: sql_guard.CheckedQuery, params: Mapping[str, object]) -> DataFrame:
+    """The report's DataFrame; analysis errors (unknown column, bad types) become ReportError."""
+    from pyspark.errors import AnalysisException, ParseException
+
+    try:
+        return spark.sql(checked.sql, args=dict(params))
+    except (AnalysisException, ParseException) as exc:
+        message = str(exc).strip().splitlines()[0]
+        for table in checked.tables:
+            message = message.replace(sql_guard.view_name(table), table.qualified_name)
+        raise ReportError(f"the report does not run: {message[:500]}") from exc
+
+
+def write_result(result: DataFrame, config: ServeConfig, conn: psycopg.Connection | None,
+                 jdbc: JdbcTarget | None, record: RunRecord) -> int:
+    try:
+        if config.sink == "postgres":
+            if conn is None or jdbc is None:
+                raise ReportError("a PostgreSQL report table cannot be written while PostgreSQL is unreachable")
+            return sinks.write_postgres(result, conn, jdbc, config.target)
+        return sinks.write_delta(result, sinks.delta_path(config.lake_root, config.target),
+                                 {"run_id": config.run_id, "report": config.report.name,
+                                  "lake_versions": record.lake_versions, "degraded": record.degraded})
+    except ColdharborError:
+        raise
+    except Exception as exc:
+        if lake.files_gone(exc):
+            raise LakeUnavailableError(f"files of a pinned lake version are gone (removed by VACUUM, or the lake "
+                                       f"moved): {lake.jvm_message(exc)}; nothing was written") from exc
+        raise
+
+
+def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, config: ServeConfig,
+          record: RunRecord) -> int:
+    """The whole read with both tiers reachable (or the lake missing in best-effort mode)."""
+    checked = sql_guard.check_query(config.report.sql, registry.load(conn))
+    check_parameters(checked, config.report)
+    hot_only = False
+    try:
+        pinned = pin_versions(spark, checked.tables, config.lake_root)
+        snapshot = hot_snapshot.read(conn, pinned, checked.tables)
+    except LakeUnavailableError as exc:
+        if config.mode == "strict" or config.as_of is not None:
+            raise
+        log.warning("best effort: %s; serving from PostgreSQL alone", exc)
+        pinned = {t.table_id: None for t in checked.tables}
+        snapshot = hot_snapshot.read(conn, pinned, checked.tables, hot_only=True)
+        hot_only = True
+    record.pg_snapshot_at = snapshot.taken_at
+    if not hot_only:
+        registry_cache.save(spark, config.lake_root, [(h.table, h.columns) for h in snapshot.tables.values()])
+    record.lake_versions = {h.table.qualified_name: pinned[i] for i, h in snapshot.tables.items()}
+    record.dirty_rows = {h.table.qualified_name: (0 if h.hot_only else h.images.num_rows)
+                         for h in snapshot.tables.values()}
+    if hot_only:
+        record.degraded, record.missing_tier = True, "lake"
+        record.detail = ("the lake was unreachable: served from PostgreSQL alone; rows evicted from the hot tier "
+                         "are missing from the answer")
+    if config.as_of is not None:
+        check_as_of(config.as_of, snapshot, config.history_window)
+        record.dirty_rows = {name: 0 for name in record.dirty_rows}
+    register_views(spark, snapshot, pinned, config.lake_root, config.as_of)
+    result = run_query(spark, checked, config.params)
+    return write_result(result, config, conn, jdbc, record)
+
+
+def serve_lake_only(spark: SparkSession, tables: Sequence[RegisteredTable], columns: Mapping[int, Sequence],
+                    config: ServeConfig, record: RunRecord) -> int:
+    """Best effort without PostgreSQL: the lake at its latest versions, from the registry snapshot."""
+    checked = sql_guard.check_query(config.report.sql, tables)
+    check_parameters(checked, config.report)
+    pinned = pin_versions(spark, checked.tables, config.lake_root)
+    last_commit = None
+    for table in checked.tables:
+        version = pinned[table.table_id]
+        if version is None:
+            raise LakeUnavailableError(f"PostgreSQL is unreachable and the lake has no table for {table.qualified_name}")
+        path = table.lake_path(config.lake_root)
+        committed = lake.commit_time(spark, path, version)
+        last_commit = committed if last_commit is None else min(last_commit, committed)
+        view = lake.read_version(spark, path, version).transform(cold_live(columns[table.table_id], config.as_of))
+        view.createOrReplaceTempView(sql_guard.view_name(table))
+    record.lake_versions = {t.qualified_name: pinned[t.table_id] for t in checked.tables}
+    record.degraded, record.missing_tier, record.stale_since = True, "postgres", last_commit
+    record.detail = ("PostgreSQL was unreachable: served from the lake alone; changes made after the last "
+                     f"export ({last_commit.isoformat() if last_commit else 'unknown'}) are missing")
+    log.warning("best effort: %s", record.detail)
+    result = run_query(spark, checked, config.params)
+    return write_result(result, config, None, None, record)
+
+
+def now_utc() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def default_run_id(report: str) -> str:
+    import uuid
+
+    return f"{report}-{now_utc():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+
+
+def history_window() -> timedelta:
+    return timedelta(hours=settings.history_window_hours())

@@ -1,0 +1,147 @@
+"""Command line of serve_report.py: arguments -> ServeConfig, the run record, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from datetime import datetime, timezone
+
+import psycopg
+
+from coldharbor import pg, registry_cache, report_runs, report_spec, settings
+from coldharbor.errors import ColdharborError, PostgresUnavailableError, ReportError
+from coldharbor.report_runs import RunRecord
+from coldharbor.serve import MODES, ServeConfig, default_run_id, history_window, serve, serve_lake_only
+
+log = logging.getLogger("coldharbor.serve_report")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="serve_report.py",
+        description="Run a report over the unified view of the tables it reads (lake rows minus dirty keys, "
+                    "plus their hot images) and write the result atomically. PostgreSQL is reached through "
+                    f"${settings.PG_DSN_ENV}; every run is recorded in coldharbor.report_runs.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--report", help=f"a report defined under sql/reports/ (${'COLDHARBOR_REPORTS_DIR'})")
+    source.add_argument("--sql", help="ad-hoc SQL: one SELECT over registered tables; it may start with the "
+                                      "same '-- param: name type [= default]' header lines as a report file")
+    parser.add_argument("--target", help="report table name in the reports schema; ad-hoc SQL must name one "
+                                         "starting with 'adhoc_'; a report file's own target is the default")
+    parser.add_argument("--sink", choices=report_spec.SINKS, help="postgres (reports.<target>) or delta "
+                                                                   "(<lake root>/reports/<target>); default: the report's")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="a parameter value, bound by Spark (never formatted into the SQL); repeatable")
+    parser.add_argument("--mode", choices=MODES, default="strict",
+                        help="strict (default): fail when a tier is unreachable; best_effort: serve what is "
+                             "reachable and record the run as degraded")
+    parser.add_argument("--as-of", help="answer as PostgreSQL held the data at this ISO-8601 time (UTC if no "
+                                        "zone), inside the history window "
+                                        f"(${settings.HISTORY_WINDOW_ENV}, default "
+                                        f"{settings.DEFAULT_HISTORY_WINDOW_HOURS:g} hours)")
+    parser.add_argument("--lake-root", help=f"lake folder or URI (default: ${settings.LAKE_ROOT_ENV})")
+    parser.add_argument("--run-id", help="identifier of this run (default: a new one)")
+    return parser
+
+
+def _parse_as_of(raw: str | None) -> datetime | None:
+    if raw is None:
+        return None
+    try:
+        value = datetime.fromisoformat(raw.strip())
+    except ValueError:
+        raise ReportError(f"--as-of {raw!r} is not an ISO-8601 time (e.g. 2026-11-22T06:00:00Z)") from None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def _raw_params(pairs: list[str]) -> dict[str, str]:
+    params = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ReportError(f"--param {pair!r} is not of the form NAME=VALUE")
+        params[name.strip()] = value
+    return params
+
+
+def build_config(args: argparse.Namespace, run_id: str) -> ServeConfig:
+    """The checked configuration; ReportError for an unknown report, a bad parameter or target."""
+    reports = report_spec.load_reports(settings.REPORTS_DIR)
+    if args.report is not None:
+        if args.report not in reports:
+            raise ReportError(f"no report named {args.report!r} under {settings.REPORTS_DIR} "
+                              f"(known: {', '.join(sorted(reports)) or 'none'})")
+        report = reports[args.report]
+    else:
+        report = report_spec.parse_report(args.sql, "adhoc")
+        if report.name != "adhoc" or report.schedule:
+            raise ReportError("ad-hoc SQL may declare parameters, target and sink only")
+    target = report_spec.check_target(args.target or report.target, report, reports)
+    return ServeConfig(report=report, params=report.bind(_raw_params(args.param)), target=target,
+                       sink=args.sink or report.sink, mode=args.mode, as_of=_parse_as_of(args.as_of),
+                       lake_root=settings.lake_root(args.lake_root),
+                       run_id=run_id, history_window=history_window())
+
+
+def _record_failure(conn: psycopg.Connection | None, record: RunRecord, message: str) -> None:
+    if conn is None or conn.closed:
+        return
+    try:
+        report_runs.fail(conn, record, message)
+    except psycopg.Error as exc:
+        log.warning("could not record the failed run %s: %s", record.run_id, exc)
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    args = build_parser().parse_args(argv)  # a malformed command line exits 2 here
+    report_name = args.report or "adhoc"
+    record = RunRecord(args.run_id or default_run_id(report_name), report_name, args.target,
+                       args.sink or "postgres", args.mode, None)
+    try:
+        dsn = settings.pg_dsn()
+        jdbc = pg.JdbcTarget.from_dsn(dsn)
+    except ColdharborError as exc:
+        log.error("serve_report refused to run: %s", exc)
+        return 2
+    conn = None
+    try:
+        try:
+            conn = pg.connect(dsn)
+        except PostgresUnavailableError:
+            if args.mode == "strict":
+                raise
+        if conn is not None:
+            report_runs.start(conn, record)  # from here on, a failure is recorded too
+        config = build_config(args, record.run_id)
+        record.target, record.sink, record.as_of = config.target, config.sink, config.as_of
+        from coldharbor.spark import get_session
+
+        if conn is not None:
+            spark = get_session("coldharbor-serve-report")
+            record.row_count = serve(spark, conn, jdbc, config, record)
+            report_runs.succeed(conn, record)
+        else:
+            log.warning("best effort: PostgreSQL at %s is unreachable; reading the lake alone", pg.describe(dsn))
+            spark = get_session("coldharbor-serve-report")
+            tables, columns = registry_cache.load(spark, config.lake_root)
+            record.row_count = serve_lake_only(spark, tables, columns, config, record)
+    except ColdharborError as exc:
+        _record_failure(conn, record, str(exc))
+        log.error("serve_report failed (run %s): %s", record.run_id, exc)
+        return 2
+    except psycopg.OperationalError as exc:
+        log.error("serve_report failed (run %s): lost PostgreSQL: %s", record.run_id, exc)
+        return 2
+    except Exception as exc:  # recorded, then shown whole: this is a bug or an unforeseen failure
+        _record_failure(conn, record, f"{type(exc).__name__}: {exc}")
+        log.exception("serve_report failed (run %s) unexpectedly", record.run_id)
+        return 1
+    finally:
+        if conn is not None:
+            conn.close()
+    log.info("report %s run %s: %s rows to %s (%s)%s; lake versions %s; dirty rows %s", config.report.name,
+             config.run_id, record.row_count, config.target, config.sink,
+             f"; DEGRADED: {record.detail}" if record.degraded else "", record.lake_versions, record.dirty_rows)
+    return 0

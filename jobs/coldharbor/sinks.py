@@ -1,0 +1,85 @@
+"""Where report results go, each written so that readers only ever see a complete table.
+
+PostgreSQL: the result is written to a staging table in the `reports` schema, then swapped in
+with a drop and a rename in one transaction: a concurrent reader sees the previous complete
+table or the new complete table (PostgreSQL re-resolves the name after waiting on the lock).
+Delta: the result overwrites the report table in one commit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Mapping
+
+import psycopg
+from psycopg import sql
+from pyspark.sql import DataFrame
+
+from coldharbor import lake
+from coldharbor.errors import LakeUnavailableError
+from coldharbor.pg import JdbcTarget
+from coldharbor.report_spec import REPORTS_SCHEMA
+
+log = logging.getLogger(__name__)
+STAGE_PREFIX = "_ch_stage_"
+JDBC_WRITE_BATCH = 10_000
+
+
+def stage_name(target: str) -> str:
+    return f"{STAGE_PREFIX}{target}_{uuid.uuid4().hex[:8]}"
+
+
+def write_postgres(result: DataFrame, conn: psycopg.Connection, jdbc: JdbcTarget, target: str) -> int:
+    """Writes `result` to reports.<target>, atomically for readers; returns the row count."""
+    stage = stage_name(target)
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(REPORTS_SCHEMA)))
+    try:
+        (result.write.format("jdbc").options(**jdbc.options())
+         .option("dbtable", f'{REPORTS_SCHEMA}."{stage}"')
+         .option("batchsize", JDBC_WRITE_BATCH)
+         .mode("errorifexists").save())
+        with conn.transaction():
+            rows = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                sql.Identifier(REPORTS_SCHEMA, stage))).fetchone()[0]
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(REPORTS_SCHEMA, target)))
+            conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(
+                sql.Identifier(REPORTS_SCHEMA, stage), sql.Identifier(target)))
+    except BaseException:
+        _drop_quietly(conn, stage)
+        raise
+    log.info("wrote %s rows to %s.%s", rows, REPORTS_SCHEMA, target)
+    return rows
+
+
+def _drop_quietly(conn: psycopg.Connection, stage: str) -> None:
+    try:
+        if not conn.closed:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(REPORTS_SCHEMA, stage)))
+    except psycopg.Error as exc:
+        log.warning("could not drop the staging table %s.%s: %s", REPORTS_SCHEMA, stage, exc)
+
+
+def delta_path(lake_root: str, target: str) -> str:
+    return f"{lake_root}/{REPORTS_SCHEMA}/{target}"
+
+
+def write_delta(result: DataFrame, path: str, metadata: Mapping[str, object]) -> int:
+    """Overwrites the Delta report table in one commit; returns the rows it wrote."""
+    from delta.tables import DeltaTable
+
+    try:
+        (result.write.format("delta").mode("overwrite")
+         .option("overwriteSchema", "true")
+         .option("userMetadata", json.dumps(dict(metadata), sort_keys=True, default=str))
+         .save(path))
+        metrics = DeltaTable.forPath(result.sparkSession, path).history(1).first()["operationMetrics"]
+    except Exception as exc:
+        if lake.files_gone(exc):
+            raise
+        raise LakeUnavailableError(f"the Delta report table at {path} could not be written: "
+                                   f"{lake.jvm_message(exc)}") from exc
+    rows = int(metrics.get("numOutputRows", 0))
+    log.info("wrote %s rows to the Delta report table %s", rows, path)
+    return rows

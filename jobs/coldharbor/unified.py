@@ -1,0 +1,64 @@
+"""The dirty-set anti-join (invariant 6) as pure DataFrame transformations.
+
+    unified = (last write per key of lake@V, delete markers dropped) LEFT ANTI JOIN dirty keys
+              UNION hot images of the dirty keys that still exist
+
+`hot` carries one row per dirty key: the key, the row as PostgreSQL holds it in the snapshot
+(NULLs when the key is gone) and `_ch_deleted`. The dirty set is collected once by the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from coldharbor.lake_rows import CHANGED_AT, DELETED, Transform, live_rows
+from coldharbor.registry import LakeColumn
+
+
+def table_contract(columns: Sequence[LakeColumn]) -> Transform:
+    """The view's schema: the table's columns in catalog order, typed as the lake types them.
+
+    Columns the lake does not have yet (added after the rows were exported) read as NULL.
+    """
+
+    def transform(rows: DataFrame) -> DataFrame:
+        present = set(rows.columns)
+        return rows.select(*[
+            (F.col(c.name) if c.name in present else F.lit(None)).cast(c.lake_type).alias(c.name)
+            for c in columns])
+
+    return transform
+
+
+def cold_live(columns: Sequence[LakeColumn], as_of: datetime | None = None) -> Transform:
+    """Lake rows -> the table as the lake holds it (optionally as of a change time)."""
+    keys = [c.name for c in sorted((c for c in columns if c.is_key), key=lambda c: c.key_position)]
+    live = live_rows(keys)
+    contract = table_contract(columns)
+
+    def transform(lake: DataFrame) -> DataFrame:
+        if as_of is not None:
+            lake = lake.filter(F.col(CHANGED_AT) <= F.lit(as_of))
+        return contract(live(lake))
+
+    return transform
+
+
+def unified_rows(hot: DataFrame, columns: Sequence[LakeColumn], broadcast_dirty: bool = True) -> Transform:
+    """cold live rows -> cold rows minus the dirty keys, plus the hot images that still exist."""
+    keys = [c.name for c in columns if c.is_key]
+    contract = table_contract(columns)
+    dirty_keys = hot.select(*keys)
+    if broadcast_dirty:
+        dirty_keys = F.broadcast(dirty_keys)
+    hot_rows = contract(hot.filter(~F.col(DELETED)))
+
+    def transform(cold: DataFrame) -> DataFrame:
+        # A left anti join, never NOT IN: a NULL in the dirty set must not empty the result.
+        return cold.join(dirty_keys, on=keys, how="left_anti").unionByName(hot_rows)
+
+    return transform

@@ -1,0 +1,96 @@
+"""Report definitions: header parsing, typed parameters, the target allow-list."""
+
+from __future__ import annotations
+
+import re
+from datetime import date, datetime, timezone
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from coldharbor import settings
+from coldharbor.errors import ReportError
+from coldharbor.report_spec import check_target, load_reports, parse_report
+
+REPORT = """-- report: revenue
+-- target: reports.revenue_by_day
+-- sink: delta
+-- schedule: @daily
+-- param: since date
+-- param: min_amount decimal(10,2) = 0.5
+-- param: label string = all
+SELECT * FROM orders WHERE day >= :since AND amount >= :min_amount
+"""
+
+
+def test_header_and_typed_parameters():
+    spec = parse_report(REPORT, "file_name", "revenue.sql")
+    assert (spec.name, spec.target, spec.sink, spec.schedule) == ("revenue", "revenue_by_day", "delta", "@daily")
+    assert spec.sql.startswith("SELECT * FROM orders")
+    assert spec.bind({"since": "2026-01-02"}) == {"since": date(2026, 1, 2), "min_amount": Decimal("0.50"),
+                                                  "label": "all"}
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({}, "needs a value for parameter since"),
+    ({"since": "yesterday"}, "parameter since: 'yesterday' is not a valid date"),
+    ({"since": "2026-01-02", "min_amount": "1e400"}, "parameter min_amount"),
+    ({"since": "2026-01-02", "min_amount": "123456789.12"}, "not a valid decimal(10,2)"),
+    ({"since": "2026-01-02", "min_amount": "NaN"}, "not a valid decimal(10,2)"),
+    ({"since": "2026-01-02", "other": "1"}, "has no parameter other"),
+])
+def test_bad_parameters_are_refused_by_name(raw, message):
+    with pytest.raises(ReportError, match=re.escape(message)):
+        parse_report(REPORT, "revenue").bind(raw)
+
+
+def test_parameter_types():
+    spec = parse_report("-- param: n int\n-- param: b boolean\n-- param: t timestamp\n-- param: x double\n"
+                        "SELECT 1 FROM orders", "p")
+    values = spec.bind({"n": "-7", "b": "false", "t": "2026-01-02T03:04:05", "x": "2.5"})
+    assert values == {"n": -7, "b": False, "t": datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc), "x": 2.5}
+    with pytest.raises(ReportError, match="parameter n: '2147483648' is not a valid int"):
+        spec.bind({"n": "2147483648", "b": "true", "t": "2026-01-02", "x": "1"})
+    with pytest.raises(ReportError, match="parameter n: '1; DROP TABLE x' is not a valid int"):
+        spec.bind({"n": "1; DROP TABLE x", "b": "true", "t": "2026-01-02", "x": "1"})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("-- sink: s3\nSELECT 1", "sink 's3' is not one of postgres, delta"),
+    ("-- target: public.orders\nSELECT 1", "report tables live in the reports schema"),
+    ("-- target: reports.\"x; drop\"\nSELECT 1", "is not allowed"),
+    ("-- param: n integer\nSELECT 1", "type 'integer' is not one of"),
+    ("-- param: n int = abc\nSELECT 1", "parameter n: 'abc' is not a valid int"),
+    ("-- colour: red\nSELECT 1", "unknown header 'colour'"),
+    ("-- report: Bad-Name\nSELECT 1", "report name 'Bad-Name' is not allowed"),
+])
+def test_malformed_headers_are_refused(text, message):
+    with pytest.raises(ReportError, match=message):
+        parse_report(text, "r")
+
+
+def test_targets_come_from_the_allow_list():
+    reports = {"revenue": parse_report(REPORT, "revenue", "revenue.sql")}
+    assert check_target("reports.revenue_by_day", reports["revenue"], reports) == "revenue_by_day"
+    with pytest.raises(ReportError, match="writes reports.revenue_by_day, not other"):
+        check_target("other", reports["revenue"], reports)
+    adhoc = parse_report("SELECT 1 FROM orders", "adhoc")
+    assert check_target("adhoc_mine", adhoc, reports) == "adhoc_mine"
+    for refused in ("revenue_by_day", "mine", "adhoc_Mine", "adhoc_x; drop table y", "pg_catalog.adhoc_x"):
+        with pytest.raises(ReportError):
+            check_target(refused, adhoc, reports)
+
+
+def test_the_shipped_reports_parse():
+    reports = load_reports(settings.REPORTS_DIR)
+    assert {"demo_orders_by_status", "demo_top_customers"} <= set(reports)
+    for spec in reports.values():
+        spec.bind({})  # every shipped parameter has a valid default
+
+
+def test_two_files_with_one_report_name_are_refused(tmp_path: Path):
+    (tmp_path / "a.sql").write_text("-- report: same\nSELECT 1")
+    (tmp_path / "b.sql").write_text("-- report: same\nSELECT 2")
+    with pytest.raises(ReportError, match="two report files define report same"):
+        load_reports(tmp_path)

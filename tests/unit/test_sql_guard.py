@@ -1,0 +1,82 @@
+"""Report SQL validation: the injection corpus is refused with a clear message, good SQL passes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import sqlglot
+from sqlglot import exp
+
+from coldharbor.errors import ReportError
+from coldharbor.registry import RegisteredTable
+from coldharbor.sql_guard import check_query
+
+ORDERS = RegisteredTable(1, "public", "orders", ("id",), None, (), ())
+CUSTOMERS = RegisteredTable(2, "shop", "customers", ("id",), None, (), ())
+OTHER_ORDERS = RegisteredTable(3, "archive", "orders", ("id",), None, (), ())
+REGISTERED = [ORDERS, CUSTOMERS]
+
+INJECTIONS = [
+    ("SELECT * FROM orders; DROP TABLE orders", "exactly one SELECT; this SQL holds 2 statements"),
+    ("SELECT 1 FROM orders; SELECT 2 FROM orders", "holds 2 statements"),
+    ("DROP TABLE orders", "this SQL is a DROP statement"),
+    ("DELETE FROM orders", "this SQL is a DELETE statement"),
+    ("INSERT INTO orders SELECT * FROM orders", "this SQL is a INSERT statement"),
+    ("CREATE TABLE x AS SELECT * FROM orders", "this SQL is a CREATE statement"),
+    ("SET spark.sql.runSQLOnFiles=true", "this SQL is a SET statement"),
+    ("ADD JAR /tmp/evil.jar", "this SQL is a COMMAND statement"),
+    ("CACHE TABLE orders", "read-only SELECT"),
+    ("SELECT * INTO copy FROM orders", "may not contain INTO"),
+    ("SELECT * FROM parquet.`/etc/passwd`", "table parquet./etc/passwd is not a registered table"),
+    ("SELECT * FROM csv.`/etc/passwd`", "is not a registered table"),
+    ("SELECT * FROM delta.`/tmp/lake/public/orders`", "is not a registered table"),
+    ("SELECT * FROM read_files('/etc')", "function read_files is not allowed"),
+    ("SELECT reflect('java.lang.System', 'exit', '1') FROM orders", "function reflect is not allowed"),
+    ("SELECT java_method('java.lang.Runtime', 'getRuntime') FROM orders", "function java_method is not allowed"),
+    ("SELECT input_file_name() FROM orders", "function input_file_name is not allowed"),
+    ("SELECT * FROM range(10)", "reads registered tables only"),
+    ("SELECT * FROM pg_catalog.pg_authid", "is not a registered table"),
+    ("SELECT * FROM coldharbor.change_log", "is not a registered table"),
+    ("SELECT * FROM _ch_view_1", "table _ch_view_1 is not a registered table"),
+    ("SELECT * FROM global_temp.anything", "is not a registered table"),
+    ("SELECT * FROM spark_catalog.default.orders", "is not a registered table"),
+    ("SELECT /*+ BROADCAST(o) */ * FROM orders o", "hints are not allowed"),
+    ("SELECT * FROM orders WHERE id = 1 UNION SELECT * FROM secrets", "table secrets is not a registered table"),
+    ("SELECT * FROM orders WHERE 'a' = 'a'' OR 1=1; DROP TABLE orders; --'", None),  # one quoted literal
+    ("", "has no SQL"),
+    ("SELECT * FROM orders WHERE (", "does not parse"),
+    ("SELECT 1", "reads no registered table"),
+]
+
+
+@pytest.mark.parametrize("text, message", [i for i in INJECTIONS if i[1] is not None])
+def test_the_injection_corpus_is_refused(text, message):
+    with pytest.raises(ReportError, match=re.escape(message)):
+        check_query(text, REGISTERED)
+
+
+def test_quotes_and_comments_stay_inside_literals():
+    checked = check_query("SELECT * FROM orders WHERE note = 'x; DROP TABLE orders; --' -- trailing; comment",
+                          REGISTERED)
+    [statement] = sqlglot.parse(checked.sql, read="spark")
+    [literal] = [lit for lit in statement.find_all(exp.Literal) if lit.is_string]
+    assert literal.this == "x; DROP TABLE orders; --"
+
+
+def test_tables_resolve_to_their_views_keeping_aliases_and_clauses():
+    checked = check_query("""WITH big AS (SELECT * FROM orders WHERE amount > :min)
+        SELECT c.name, count(*) AS n FROM big JOIN shop.customers c ON big.customer_id = c.id
+        GROUP BY c.name""", REGISTERED)
+    assert {t.table_id for t in checked.tables} == {1, 2}
+    assert "_ch_view_1 AS orders" in checked.sql and "_ch_view_2 AS c" in checked.sql
+    assert checked.parameters == frozenset({"min"})
+    sampled = check_query("SELECT orders.id FROM orders TABLESAMPLE (10 PERCENT)", REGISTERED)
+    assert "TABLESAMPLE (10 PERCENT)" in sampled.sql and "_ch_view_1" in sampled.sql
+
+
+def test_a_bare_name_in_two_schemas_must_be_qualified():
+    with pytest.raises(ReportError, match="table name orders is ambiguous"):
+        check_query("SELECT * FROM orders", [ORDERS, OTHER_ORDERS])
+    checked = check_query("SELECT * FROM archive.orders", [ORDERS, OTHER_ORDERS])
+    assert [t.table_id for t in checked.tables] == [3]

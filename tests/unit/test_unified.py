@@ -1,0 +1,65 @@
+"""The dirty-set anti-join over tiny DataFrames."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pyspark.testing import assertDataFrameEqual
+
+from coldharbor.registry import LakeColumn
+from coldharbor.unified import cold_live, unified_rows
+
+COLUMNS = [LakeColumn("id", "bigint", "LONG", 1), LakeColumn("v", "text", "STRING", None)]
+LAKE = "id LONG, v STRING, _ch_seq LONG, _ch_deleted BOOLEAN, _ch_changed_at TIMESTAMP, _ch_batch_id LONG, " \
+       "_ch_exported_at TIMESTAMP"
+HOT = "id LONG, v STRING, _ch_deleted BOOLEAN"
+T = [datetime(2026, 1, 1, h) for h in range(24)]
+
+
+def lake_rows(spark, rows):
+    return spark.createDataFrame([(*r, T[0]) for r in rows], LAKE)
+
+
+def test_cold_minus_dirty_plus_hot_images(spark):
+    lake = lake_rows(spark, [
+        (1, "exported, unchanged", 1, False, T[1], 1),
+        (2, "exported, then updated", 2, False, T[1], 1),
+        (3, "exported, then deleted", 3, False, T[1], 1),
+        (4, "older image", 4, False, T[1], 1),
+        (4, "newest image", 9, False, T[2], 2),
+        (5, "deleted in the lake", 5, False, T[1], 1),
+        (5, None, 10, True, T[2], 2),
+    ])
+    hot = spark.createDataFrame([(2, "updated", False), (3, None, True), (6, "only in PostgreSQL", False)], HOT)
+    result = lake.transform(cold_live(COLUMNS)).transform(unified_rows(hot, COLUMNS))
+    expected = spark.createDataFrame([(1, "exported, unchanged"), (2, "updated"), (4, "newest image"),
+                                      (6, "only in PostgreSQL")], "id LONG, v STRING")
+    assertDataFrameEqual(result, expected)
+
+
+def test_a_null_key_in_the_dirty_set_does_not_empty_the_result(spark):
+    lake = lake_rows(spark, [(1, "a", 1, False, T[1], 1), (2, "b", 2, False, T[1], 1)])
+    hot = spark.createDataFrame([(None, None, True), (2, "b2", False)], HOT)
+    result = lake.transform(cold_live(COLUMNS)).transform(unified_rows(hot, COLUMNS, broadcast_dirty=False))
+    assertDataFrameEqual(result, spark.createDataFrame([(1, "a"), (2, "b2")], "id LONG, v STRING"))
+
+
+def test_as_of_keeps_the_last_write_at_or_before_that_time(spark):
+    lake = lake_rows(spark, [
+        (1, "v1", 1, False, T[1], 1),
+        (1, "v2", 5, False, T[5], 2),
+        (2, "born late", 6, False, T[6], 3),
+        (3, "deleted later", 2, False, T[2], 1),
+        (3, None, 7, True, T[7], 3),
+    ])
+    at_3 = lake.transform(cold_live(COLUMNS, as_of=T[3]))
+    assertDataFrameEqual(at_3, spark.createDataFrame([(1, "v1"), (3, "deleted later")], "id LONG, v STRING"))
+    at_8 = lake.transform(cold_live(COLUMNS, as_of=T[8]))
+    assertDataFrameEqual(at_8, spark.createDataFrame([(1, "v2"), (2, "born late")], "id LONG, v STRING"))
+
+
+def test_a_column_the_lake_lacks_reads_as_null(spark):
+    lake = lake_rows(spark, [(1, "a", 1, False, T[1], 1)])
+    columns = [*COLUMNS, LakeColumn("added", "integer", "INT", None)]
+    result = lake.transform(cold_live(columns))
+    assertDataFrameEqual(result, spark.createDataFrame([(1, "a", None)], "id LONG, v STRING, added INT"))

@@ -65,7 +65,12 @@ def dirty_ids(conn: psycopg.Connection, name: str) -> list[int]:
 
 def spark_submit_export(dsn: str, lake_root: str, *args: str, env: dict[str, str] | None = None,
                         log_file: Path | None = None) -> subprocess.Popen | subprocess.CompletedProcess:
-    """The export job as production runs it: spark-submit jobs/cdc_export.py.
+    return spark_submit("cdc_export.py", dsn, lake_root, *args, env=env, log_file=log_file)
+
+
+def spark_submit(job: str, dsn: str, lake_root: str, *args: str, env: dict[str, str] | None = None,
+                 log_file: Path | None = None) -> subprocess.Popen | subprocess.CompletedProcess:
+    """A job as production runs it: spark-submit jobs/<job>.
 
     spark-submit relays the Python process's output on its stdout: both streams come back merged.
     With `log_file` the job runs in the background writing there (a pipe nobody reads would fill
@@ -76,7 +81,7 @@ def spark_submit_export(dsn: str, lake_root: str, *args: str, env: dict[str, str
     bin_dir = Path(sys.executable).parent
     command = [str(bin_dir / "spark-submit"), "--master", "local[1]",
                "--packages", ",".join(maven_packages()), "--conf", f"spark.jars.ivy={ivy_dir()}",
-               "--conf", "spark.ui.enabled=false", str(PROJECT / "jobs" / "cdc_export.py"),
+               "--conf", "spark.ui.enabled=false", str(PROJECT / "jobs" / job),
                "--lake-root", lake_root, *args]
     full_env = {**os.environ, "COLDHARBOR_PG_DSN": dsn, "PATH": f"{bin_dir}:{os.environ['PATH']}",
                 "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})}

@@ -3,7 +3,8 @@
 A lake row is the table's columns plus metadata:
   _ch_seq          change_log id that produced the image (last write wins by it, never by clock)
   _ch_deleted      delete marker: the key did not exist at the export snapshot
-  _ch_changed_at   when the change was made in PostgreSQL
+  _ch_changed_at   when the change committed in PostgreSQL (as-of reports filter on it; the start of
+                   its transaction when the server does not track commit timestamps)
   _ch_batch_id     export batch that wrote the row (ties on _ch_seq are broken by it)
   _ch_exported_at  when the batch was built
 """

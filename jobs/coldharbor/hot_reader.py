@@ -17,7 +17,7 @@ from coldharbor.pg import JdbcTarget
 from coldharbor.registry import LakeColumn, RegisteredTable
 
 # PostgreSQL types the JDBC driver would not hand over as the lake type: cast to text in SQL.
-_AS_TEXT = {"uuid", "json", "jsonb"}
+AS_TEXT = {"uuid", "json", "jsonb"}
 JDBC_FETCH_SIZE = 20_000
 # The dirty-set aggregate spills to disk with PostgreSQL's default 4MB; one export session may use more.
 EXPORT_WORK_MEM = "256MB"
@@ -29,7 +29,7 @@ def column_expr(column: LakeColumn) -> sql.Composable:
         expr = sql.SQL("(d.key ->> {})::{}").format(sql.Literal(column.name), sql.SQL(column.pg_type))
     else:
         expr = sql.SQL("t.{}").format(sql.Identifier(column.name))
-    if column.pg_type in _AS_TEXT:
+    if column.pg_type in AS_TEXT:
         expr = sql.SQL("({})::text").format(expr)
     return sql.SQL("{} AS {}").format(expr, sql.Identifier(column.name))
 

@@ -82,7 +82,7 @@ def whole_table_query(table: RegisteredTable, columns: Sequence[LakeColumn]) -> 
     """Best effort without the lake: the rows the hot tier still holds."""
     def expr(c: LakeColumn) -> sql.Composable:
         col = sql.SQL("t.{}").format(sql.Identifier(c.name))
-        return sql.SQL("{}::text AS {}").format(col, sql.Identifier(c.name)) if c.pg_type in ("uuid", "json", "jsonb") \
+        return sql.SQL("{}::text AS {}").format(col, sql.Identifier(c.name)) if c.pg_type in hot_reader.AS_TEXT \
             else sql.SQL("{} AS {}").format(col, sql.Identifier(c.name))
     return sql.SQL("SELECT {columns}, false AS {deleted} FROM {table} t").format(
         columns=sql.SQL(", ").join(expr(c) for c in columns), deleted=sql.Identifier(DELETED),

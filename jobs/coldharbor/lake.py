@@ -34,7 +34,7 @@ def ensure_writable(spark: SparkSession, path: str) -> None:
         fs.create(probe, True).close()
         fs.delete(probe, False)
     except Exception as exc:  # py4j wraps every JVM error; the message is what matters
-        raise LakeUnavailableError(f"cannot write the lake at {path}: {_jvm_message(exc)}") from exc
+        raise LakeUnavailableError(f"cannot write the lake at {path}: {jvm_message(exc)}") from exc
 
 
 def append_batch(rows: DataFrame, path: str, *, app_id: str, batch_id: int,
@@ -49,7 +49,7 @@ def append_batch(rows: DataFrame, path: str, *, app_id: str, batch_id: int,
     try:
         writer.save(path)
     except Exception as exc:
-        raise LakeUnavailableError(f"the Delta commit to {path} failed: {_jvm_message(exc)}") from exc
+        raise LakeUnavailableError(f"the Delta commit to {path} failed: {jvm_message(exc)}") from exc
 
 
 def find_batch_commit(spark: SparkSession, path: str, app_id: str, batch_id: int,
@@ -81,7 +81,7 @@ def pin_version(spark: SparkSession, path: str) -> int | None:
             return None
         return DeltaTable.forPath(spark, path).history(1).select("version").first()["version"]
     except Exception as exc:
-        raise LakeUnavailableError(f"cannot read the lake at {path}: {_jvm_message(exc)}") from exc
+        raise LakeUnavailableError(f"cannot read the lake at {path}: {jvm_message(exc)}") from exc
 
 
 def commit_time(spark: SparkSession, path: str, version: int) -> datetime:
@@ -102,7 +102,7 @@ def read_version(spark: SparkSession, path: str, version: int) -> DataFrame:
         return spark.read.format("delta").option("versionAsOf", version).load(path)
     except Exception as exc:
         raise LakeUnavailableError(f"cannot read version {version} of the lake table at {path}: "
-                                   f"{_jvm_message(exc)}") from exc
+                                   f"{jvm_message(exc)}") from exc
 
 
 def files_gone(exc: Exception) -> bool:
@@ -142,10 +142,6 @@ def write_text(spark: SparkSession, path: str, text: str) -> None:
 
 
 def jvm_message(exc: Exception) -> str:
-    return _jvm_message(exc)
-
-
-def _jvm_message(exc: Exception) -> str:
     text = str(exc).strip().splitlines()
     for line in text:  # the first JVM exception line names the cause
         if "Exception:" in line or "Error:" in line:

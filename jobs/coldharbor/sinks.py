@@ -34,7 +34,6 @@ def stage_name(target: str) -> str:
 def write_postgres(result: DataFrame, conn: psycopg.Connection, jdbc: JdbcTarget, target: str) -> int:
     """Writes `result` to reports.<target>, atomically for readers; returns the row count."""
     stage = stage_name(target)
-    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(REPORTS_SCHEMA)))
     try:
         (result.write.format("jdbc").options(**jdbc.options())
          .option("dbtable", f'{REPORTS_SCHEMA}."{stage}"')

@@ -21,7 +21,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from coldharbor import batches, faults, hot_reader, lake, pg, registry, settings
-from coldharbor.errors import ColdharborError, LakeUnavailableError, PostgresUnavailableError
+from coldharbor.errors import LakeUnavailableError
+from coldharbor.job_main import run_job
 from coldharbor.lake_rows import CHANGE_IDS, OLDEST_CHANGE_AT, to_lake_rows
 from coldharbor.registry import RegisteredTable
 
@@ -148,9 +149,7 @@ def _log_batch(table: RegisteredTable, batch: batches.Batch, version: int, marke
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    try:
+    def body() -> int:
         config = parse_args(argv)
         dsn = settings.pg_dsn()
         jdbc = pg.JdbcTarget.from_dsn(dsn)
@@ -163,16 +162,11 @@ def main(argv: list[str]) -> int:
             from coldharbor.spark import get_session
 
             spark = get_session("coldharbor-cdc-export")
-            results = run(spark, conn, jdbc, config, todo)
-    except ColdharborError as exc:
-        log.error("cdc_export failed: %s", exc)
-        return 2
-    except psycopg.OperationalError as exc:
-        log.error("cdc_export failed: %s", PostgresUnavailableError(f"lost PostgreSQL: {exc}"))
-        return 2
-    for result in results:
-        log.info("result: %s", result)
-    return 0
+            for result in run(spark, conn, jdbc, config, todo):
+                log.info("result: %s", result)
+        return 0
+
+    return run_job("cdc_export", body)
 
 
 if __name__ == "__main__":

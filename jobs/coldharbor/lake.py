@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from pyspark.sql import DataFrame, SparkSession
@@ -55,11 +56,24 @@ def append_batch(rows: DataFrame, path: str, *, app_id: str, batch_id: int,
 def find_batch_commit(spark: SparkSession, path: str, app_id: str, batch_id: int,
                       depth: int = COMMIT_SEARCH_DEPTH) -> int | None:
     """The Delta version whose commit metadata names this batch, or None if it never committed."""
+    return find_commit(spark, path, {"app_id": app_id, "batch_id": batch_id}, depth)
+
+
+def find_commit(spark: SparkSession, path: str, metadata: Mapping[str, object],
+                depth: int = COMMIT_SEARCH_DEPTH) -> int | None:
+    """The newest Delta version whose userMetadata (JSON) holds all of `metadata`, or None."""
+    return (find_commit_entry(spark, path, metadata, depth) or {}).get("version")
+
+
+def find_commit_entry(spark: SparkSession, path: str, metadata: Mapping[str, object],
+                      depth: int = COMMIT_SEARCH_DEPTH) -> dict | None:
+    """The history entry (version, operationMetrics) of that commit, or None."""
     from delta.tables import DeltaTable
 
     if not DeltaTable.isDeltaTable(spark, path):
         return None
-    history = DeltaTable.forPath(spark, path).history(depth).select("version", "userMetadata").collect()
+    history = (DeltaTable.forPath(spark, path).history(depth)
+               .select("version", "userMetadata", "operationMetrics").collect())
     for entry in history:
         if not entry["userMetadata"]:
             continue
@@ -67,8 +81,8 @@ def find_batch_commit(spark: SparkSession, path: str, app_id: str, batch_id: int
             meta = json.loads(entry["userMetadata"])
         except ValueError:
             continue
-        if meta.get("app_id") == app_id and meta.get("batch_id") == batch_id:
-            return entry["version"]
+        if isinstance(meta, dict) and all(meta.get(k) == v for k, v in metadata.items()):
+            return {"version": entry["version"], "metrics": dict(entry["operationMetrics"] or {})}
     return None
 
 
@@ -139,6 +153,52 @@ def write_text(spark: SparkSession, path: str, text: str) -> None:
         out.close()
     fs.delete(hadoop_path, False)
     fs.rename(staged, hadoop_path)
+
+
+@dataclass(frozen=True)
+class LakeFile:
+    """One live data file of a Delta snapshot, as its add action describes it."""
+
+    path: str                         # relative to the table folder (or absolute)
+    partition: tuple[tuple[str, str | None], ...]
+    size: int
+    records: int | None
+    max_batch_id: int | None          # from the file's column statistics
+
+
+@dataclass(frozen=True)
+class LakeSnapshot:
+    version: int
+    files: tuple[LakeFile, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def snapshot(spark: SparkSession, path: str) -> LakeSnapshot | None:
+    """The current version of a Delta table and its live files, or None if there is no table.
+
+    Read from the Delta log through the JVM (the Python API has no per-file listing); the
+    statistics give each file's largest batch id without opening it.
+    """
+    from delta.tables import DeltaTable
+    from pyspark.sql import DataFrame as PyDataFrame
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    jvm = spark.sparkContext._jvm
+    none = jvm.scala.Option.empty()
+    log_ = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    snap = log_.update(False, none, none)
+    rows = PyDataFrame(snap.allFiles().toDF(), spark).select("path", "partitionValues", "size", "stats").collect()
+    files = []
+    for row in rows:
+        stats = json.loads(row["stats"]) if row["stats"] else {}
+        files.append(LakeFile(path=row["path"], partition=tuple(sorted((row["partitionValues"] or {}).items())),
+                              size=row["size"], records=stats.get("numRecords"),
+                              max_batch_id=stats.get("maxValues", {}).get("_ch_batch_id")))
+    return LakeSnapshot(version=snap.version(), files=tuple(files))
 
 
 def jvm_message(exc: Exception) -> str:

@@ -72,3 +72,28 @@ def live_rows(key_columns: Sequence[str]) -> Transform:
         return latest(rows).filter(~F.col(DELETED)).drop(*METADATA_COLUMNS)
 
     return transform
+
+
+KEEP = "_ch_keep"
+
+
+def mark_kept(key_columns: Sequence[str], cutoff: datetime) -> Transform:
+    """Adds `_ch_keep`: whether a compaction that rewrites every file holding the key keeps the row.
+
+    Kept: every version changed after `cutoff` (as-of reports inside the history window need them),
+    and the base version -- the newest one changed at or before `cutoff` -- unless it is a delete
+    marker. A dropped base marker loses nothing: with no older version left, the key is absent
+    at every time from the cutoff until its next version. Everything older than the base is
+    superseded. Order: change sequence, then batch id (deterministic, never the clock).
+    """
+    if not key_columns:
+        raise ValueError("mark_kept needs at least one key column")
+    in_window = F.coalesce(F.col(CHANGED_AT) > F.lit(cutoff), F.lit(False))
+    newest_first = Window.partitionBy(*[F.col(k) for k in key_columns], in_window).orderBy(
+        F.col(SEQ).desc(), F.col(BATCH_ID).desc())
+
+    def transform(rows: DataFrame) -> DataFrame:
+        is_base = ~in_window & (F.row_number().over(newest_first) == 1)
+        return rows.withColumn(KEEP, in_window | (is_base & ~F.col(DELETED)))
+
+    return transform

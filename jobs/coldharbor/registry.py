@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import psycopg
 from psycopg import sql
@@ -33,6 +34,7 @@ class RegisteredTable:
     lake_location: str | None
     partition_by: tuple[str, ...]
     sort_by: tuple[str, ...]
+    hot_retention: timedelta | None = None   # None: rows are never evicted from the hot tier
 
     @property
     def qualified_name(self) -> str:
@@ -46,7 +48,8 @@ class RegisteredTable:
         return self.lake_location or f"{lake_root}/{self.schema_name}/{self.table_name}"
 
 
-_SELECT = """SELECT table_id, schema_name, table_name, key_columns, lake_location, partition_by, sort_by
+_SELECT = """SELECT table_id, schema_name, table_name, key_columns, lake_location, partition_by, sort_by,
+                    hot_retention
              FROM coldharbor.tables"""
 
 
@@ -69,7 +72,7 @@ def load(conn: psycopg.Connection, name: str | None = None) -> list[RegisteredTa
         if not rows:
             raise UnknownTableError(f"table {name} is not registered with coldharbor "
                                     "(register it with SELECT coldharbor.register_table(...))")
-    return [RegisteredTable(r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple(r[6])) for r in rows]
+    return [RegisteredTable(r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple(r[6]), r[7]) for r in rows]
 
 
 def lake_columns(conn: psycopg.Connection, table: RegisteredTable) -> list[LakeColumn]:

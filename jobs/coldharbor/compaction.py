@@ -1,0 +1,317 @@
+"""Compaction: rewrite a table's small files the way Iceberg's rewrite_data_files does, with
+last-write-wins per key (invariants 5 and 7).
+
+Per table (under its compaction lock) and per partition:
+  1. plan from the Delta log: a partition is rewritten when it holds at least `min_small_files`
+     files smaller than `small_file_ratio` x the target size;
+  2. read the partition at the planned version V and keep, per key, the versions inside the
+     history window plus the newest older one (`lake_rows.mark_kept`); the rewrite covers every
+     file of the partition, and partition columns are part of the key, so it covers every file
+     that can hold an older version of a key: dropping a delete marker cannot resurrect anything;
+  3. write ceil(bytes / target) files sorted by the table's sort columns (else its key) as ONE
+     commit that replaces exactly the rows of V: `replaceWhere <partition> AND _ch_batch_id <= N`,
+     N the largest batch id in V. An export that commits meanwhile adds a higher batch id, so its
+     rows are neither read nor replaced; Delta's conflict checks catch the rest, and a conflict
+     is retried (bounded) from a fresh plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+from coldharbor import faults, lake, maintenance_runs, pg, registry, settings
+from coldharbor.errors import ConfigError, LakeUnavailableError
+from coldharbor.job_main import run_job
+from coldharbor.lake import LakeFile, LakeSnapshot
+from coldharbor.lake_rows import BATCH_ID, DELETED, KEEP, mark_kept
+from coldharbor.registry import RegisteredTable
+
+log = logging.getLogger(__name__)
+
+OPERATION = "coldharbor-compaction"
+EXIT_GAVE_UP = 3  # concurrent commits won every attempt
+
+
+@dataclass(frozen=True)
+class CompactionConfig:
+    table: str | None
+    lake_root: str
+    run_id: str
+    target_file_bytes: int = 128 * 1024 * 1024
+    min_small_files: int = 5
+    small_file_ratio: float = 0.75
+    history_window: timedelta = timedelta(hours=settings.DEFAULT_HISTORY_WINDOW_HOURS)
+    max_attempts: int = 4
+    retry_backoff_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.target_file_bytes < 1024 * 1024:
+            raise ConfigError(f"target file size must be at least 1 MB, got {self.target_file_bytes} bytes")
+        if self.min_small_files < 2:
+            raise ConfigError(f"min small files must be at least 2 (rewriting one file into one file gains "
+                              f"nothing), got {self.min_small_files}")
+        if not 0 < self.small_file_ratio <= 1:
+            raise ConfigError(f"small file ratio must be in (0, 1], got {self.small_file_ratio}")
+        if self.max_attempts < 1:
+            raise ConfigError(f"max attempts must be at least 1, got {self.max_attempts}")
+
+    @property
+    def small_file_bytes(self) -> int:
+        return int(self.target_file_bytes * self.small_file_ratio)
+
+
+@dataclass
+class PartitionResult:
+    partition: dict[str, str | None]
+    status: str                 # compacted | below_threshold | gave_up
+    files_before: int = 0
+    bytes_before: int = 0
+    files_after: int = 0
+    bytes_after: int = 0
+    rows_before: int = 0
+    rows_after: int = 0
+    versions_dropped: int = 0
+    markers_dropped: int = 0
+    read_version: int | None = None
+    lake_version: int | None = None
+    attempts: int = 0
+
+
+@dataclass
+class TableResult:
+    table: str
+    status: str                 # compacted | nothing_to_do | no_lake_table | skipped | gave_up
+    partitions: list[PartitionResult] = field(default_factory=list)
+
+
+def partitions_of(snap: LakeSnapshot) -> dict[tuple, list[LakeFile]]:
+    grouped: dict[tuple, list[LakeFile]] = {}
+    for f in snap.files:
+        grouped.setdefault(f.partition, []).append(f)
+    return grouped
+
+
+def needs_rewrite(files: Sequence[LakeFile], config: CompactionConfig) -> bool:
+    return sum(1 for f in files if f.size < config.small_file_bytes) >= config.min_small_files
+
+
+def output_file_count(total_bytes: int, config: CompactionConfig) -> int:
+    return max(1, math.ceil(total_bytes / config.target_file_bytes))
+
+
+def sql_literal(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def partition_predicate(partition: tuple[tuple[str, str | None], ...], table_columns: dict[str, str]) -> str:
+    """The SQL predicate selecting one partition (values come from the Delta log as strings)."""
+    terms = []
+    for name, value in partition:
+        column = f"`{name.replace('`', '``')}`"
+        if value is None:
+            terms.append(f"{column} IS NULL")
+        else:
+            terms.append(f"{column} = CAST({sql_literal(value)} AS {table_columns[name]})")
+    return " AND ".join(terms) if terms else "true"
+
+
+def compact_table(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable,
+                  config: CompactionConfig, hook: faults.Hook = faults.from_environment) -> TableResult:
+    with pg.advisory_lock(conn, "compact", table.table_id) as acquired:
+        if not acquired:
+            log.info("skipped %s: another compaction of this table holds its lock", table.qualified_name)
+            return TableResult(table.qualified_name, "skipped")
+        maintenance_runs.start(conn, config.run_id, table.table_id, "compact")
+        try:
+            result = _compact(spark, table, config, hook)
+        except Exception as exc:
+            maintenance_runs.finish(conn, config.run_id, table.table_id, "compact", "failed", error=str(exc)[:2000])
+            raise
+        versions = [p.lake_version for p in result.partitions if p.lake_version is not None]
+        maintenance_runs.finish(conn, config.run_id, table.table_id, "compact",
+                                "failed" if result.status == "gave_up" else "succeeded",
+                                detail={"status": result.status, "partitions": [asdict(p) for p in result.partitions]},
+                                lake_version=max(versions) if versions else None)
+        return result
+
+
+def _compact(spark: SparkSession, table: RegisteredTable, config: CompactionConfig,
+             hook: faults.Hook) -> TableResult:
+    path = table.lake_path(config.lake_root)
+    snap = lake.snapshot(spark, path)
+    if snap is None:
+        log.info("%s: no lake table yet at %s; nothing to compact", table.qualified_name, path)
+        return TableResult(table.qualified_name, "no_lake_table")
+    todo = [p for p, files in partitions_of(snap).items() if needs_rewrite(files, config)]
+    if not todo:
+        log.info("%s: %s files in %s partition(s) at version %s, none with %s small files; nothing to compact",
+                 table.qualified_name, len(snap.files), len(partitions_of(snap)), snap.version,
+                 config.min_small_files)
+        return TableResult(table.qualified_name, "nothing_to_do")
+    results = [_rewrite_with_retries(spark, table, path, partition, config, hook) for partition in todo]
+    status = "gave_up" if any(r.status == "gave_up" for r in results) else "compacted"
+    return TableResult(table.qualified_name, status, results)
+
+
+def _rewrite_with_retries(spark: SparkSession, table: RegisteredTable, path: str, partition: tuple,
+                          config: CompactionConfig, hook: faults.Hook) -> PartitionResult:
+    for attempt in range(1, config.max_attempts + 1):
+        try:
+            result = _rewrite_partition(spark, table, path, partition, config, hook)
+            result.attempts = attempt
+            return result
+        except Exception as exc:
+            if not _is_conflict(exc):
+                raise
+            log.warning("%s %s: attempt %s/%s lost to a concurrent commit (%s)", table.qualified_name,
+                        dict(partition), attempt, config.max_attempts, lake.jvm_message(exc))
+            time.sleep(config.retry_backoff_s * 2 ** (attempt - 1))
+    log.error("%s %s: gave up after %s attempts, each lost to a concurrent commit; the table is unchanged "
+              "by this partition's rewrite", table.qualified_name, dict(partition), config.max_attempts)
+    return PartitionResult(dict(partition), "gave_up", attempts=config.max_attempts)
+
+
+def _is_conflict(exc: Exception) -> bool:
+    text = str(exc)
+    return any(name in text for name in ("ConcurrentAppendException", "ConcurrentDeleteReadException",
+                                         "ConcurrentDeleteDeleteException", "ConcurrentTransactionException",
+                                         "MetadataChangedException", "ProtocolChangedException",
+                                         "DELTA_CONCURRENT"))
+
+
+def _rewrite_partition(spark: SparkSession, table: RegisteredTable, path: str, partition: tuple,
+                       config: CompactionConfig, hook: faults.Hook) -> PartitionResult:
+    snap = lake.snapshot(spark, path)  # a fresh plan on every attempt
+    files = partitions_of(snap).get(partition, [])
+    result = PartitionResult(dict(partition), "below_threshold", files_before=len(files),
+                             bytes_before=sum(f.size for f in files), read_version=snap.version)
+    if not needs_rewrite(files, config):
+        return result
+    rows = lake.read_version(spark, path, snap.version)
+    lake_types = {f.name: f.dataType.simpleString() for f in rows.schema.fields}
+    where = partition_predicate(partition, lake_types)
+    rows = rows.filter(where)
+    max_batch = _max_batch(rows, files)
+    cutoff = datetime.now(timezone.utc) - config.history_window
+    observation = Observation(f"compaction-{config.run_id}-{snap.version}")
+    kept = (rows.transform(mark_kept(table.key_columns, cutoff))
+            .observe(observation,
+                     F.count(F.lit(1)).alias("rows_before"),
+                     F.count(F.when(F.col(DELETED), 1)).alias("markers_before"),
+                     F.count(F.when(F.col(KEEP), 1)).alias("rows_after"),
+                     F.count(F.when(F.col(KEEP) & F.col(DELETED), 1)).alias("markers_after"))
+            .filter(F.col(KEEP)).drop(KEEP))
+    out = _layout(kept, table, output_file_count(result.bytes_before, config))
+    metadata = {"operation": OPERATION, "run_id": config.run_id, "table": table.qualified_name,
+                "partition": dict(partition), "read_version": snap.version, "max_batch_id": max_batch}
+    hook("compact_before_commit")
+    writer = (out.write.format("delta").mode("overwrite")
+              .option("replaceWhere", f"({where}) AND {BATCH_ID} <= {max_batch}")
+              .option("userMetadata", json.dumps(metadata, sort_keys=True)))
+    if table.partition_by:
+        writer = writer.partitionBy(*table.partition_by)
+    writer.save(path)
+    hook("compact_after_commit")
+    figures = observation.get
+    entry = lake.find_commit_entry(spark, path, {"operation": OPERATION, "run_id": config.run_id,
+                                                 "read_version": snap.version, "partition": dict(partition)})
+    if entry is None:
+        raise LakeUnavailableError(f"the compaction commit of {table.qualified_name} is not in the Delta history")
+    metrics = entry["metrics"]
+    result.status = "compacted"
+    result.lake_version = entry["version"]
+    result.files_after = int(metrics.get("numFiles", 0))
+    result.bytes_after = int(metrics.get("numOutputBytes", 0))
+    result.rows_before = figures["rows_before"]
+    result.rows_after = figures["rows_after"]
+    result.markers_dropped = figures["markers_before"] - figures["markers_after"]
+    result.versions_dropped = result.rows_before - result.rows_after - result.markers_dropped
+    log.info("%s %s: compacted version %s into %s: files %s -> %s, bytes %s -> %s, rows %s -> %s "
+             "(%s superseded versions and %s delete markers dropped)", table.qualified_name, dict(partition),
+             snap.version, result.lake_version, result.files_before, result.files_after, result.bytes_before,
+             result.bytes_after, result.rows_before, result.rows_after, result.versions_dropped,
+             result.markers_dropped)
+    return result
+
+
+def _max_batch(rows: DataFrame, files: Sequence[LakeFile]) -> int:
+    if files and all(f.max_batch_id is not None for f in files):
+        return max(f.max_batch_id for f in files)
+    return rows.agg(F.max(BATCH_ID)).first()[0]  # statistics missing: read it
+
+
+def _layout(rows: DataFrame, table: RegisteredTable, n_files: int) -> DataFrame:
+    """n_files files, each a range of the sort columns (the key when none are configured)."""
+    order = list(table.sort_by or table.key_columns)
+    if n_files == 1:
+        return rows.repartition(1).sortWithinPartitions(*order)
+    return rows.repartitionByRange(n_files, *order).sortWithinPartitions(*order)
+
+
+def parse_args(argv: list[str]) -> CompactionConfig:
+    parser = argparse.ArgumentParser(
+        prog="compact.py",
+        description="Rewrite the small files of registered tables' Delta tables with last-write-wins per key, "
+                    "keeping the versions as-of reports need (the history window). PostgreSQL (registry, locks, "
+                    f"run log) is reached through {settings.PG_DSN_ENV}.")
+    parser.add_argument("--table", help="compact only this registered table (schema.table); default: all")
+    parser.add_argument("--lake-root", help=f"lake folder or URI (default: ${settings.LAKE_ROOT_ENV})")
+    parser.add_argument("--target-file-mb", type=float, default=128.0,
+                        help="size of the files the rewrite writes (default 128)")
+    parser.add_argument("--min-small-files", type=int, default=5,
+                        help="rewrite a partition once it has this many small files (default 5)")
+    parser.add_argument("--small-file-ratio", type=float, default=0.75,
+                        help="a file is small below this fraction of the target size (default 0.75)")
+    parser.add_argument("--history-hours", type=float, default=None,
+                        help=f"keep every version changed within this many hours (default: "
+                             f"${settings.HISTORY_WINDOW_ENV}, else {settings.DEFAULT_HISTORY_WINDOW_HOURS:g})")
+    parser.add_argument("--max-attempts", type=int, default=4,
+                        help="attempts per partition when concurrent commits win (default 4)")
+    parser.add_argument("--run-id", help="identifier recorded with the run (default: a new one)")
+    args = parser.parse_args(argv)
+    hours = args.history_hours if args.history_hours is not None else settings.history_window_hours()
+    if not hours > 0:
+        raise ConfigError(f"the history window must be a positive number of hours, got {hours}")
+    return CompactionConfig(
+        table=args.table, lake_root=settings.lake_root(args.lake_root),
+        run_id=args.run_id or maintenance_runs.new_run_id("compact"),
+        target_file_bytes=int(args.target_file_mb * 1024 * 1024), min_small_files=args.min_small_files,
+        small_file_ratio=args.small_file_ratio, history_window=timedelta(hours=hours),
+        max_attempts=args.max_attempts)
+
+
+def main(argv: list[str]) -> int:
+    def body() -> int:
+        config = parse_args(argv)
+        with pg.connect(settings.pg_dsn()) as conn:
+            tables = registry.load(conn, config.table)
+            from coldharbor.spark import get_session
+
+            spark = get_session("coldharbor-compact")
+            results = [compact_table(spark, conn, t, config) for t in tables]
+        for result in results:
+            log.info("result: %s", result)
+        gave_up = [r.table for r in results if r.status == "gave_up"]
+        if gave_up:
+            log.error("compact gave up on %s: concurrent commits won every attempt; nothing of those "
+                      "partitions was rewritten; run it again later", ", ".join(gave_up))
+            return EXIT_GAVE_UP
+        return 0
+
+    return run_job("compact", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

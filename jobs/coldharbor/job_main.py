@@ -1,0 +1,32 @@
+"""What every job's main() shares: logging, and turning a domain error into one line and exit 2."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import psycopg
+
+from coldharbor.errors import ColdharborError, PostgresUnavailableError
+
+log = logging.getLogger(__name__)
+
+EXIT_REFUSED = 2  # a ColdharborError: bad input, or a tier unreachable; nothing half-done
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def run_job(name: str, body: Callable[[], int]) -> int:
+    """Runs `body`; a ColdharborError (or a lost PostgreSQL) is logged as one line: exit 2."""
+    configure_logging()
+    try:
+        return body()
+    except ColdharborError as exc:
+        log.error("%s failed: %s", name, exc)
+        return EXIT_REFUSED
+    except psycopg.OperationalError as exc:
+        log.error("%s failed: %s", name, PostgresUnavailableError(f"lost PostgreSQL: {exc}"))
+        return EXIT_REFUSED

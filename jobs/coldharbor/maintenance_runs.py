@@ -1,0 +1,32 @@
+"""`coldharbor.maintenance_runs`: one row per maintenance job run and table (compact, cleanup, purge)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from datetime import datetime, timezone
+
+import psycopg
+
+KINDS = ("compact", "cleanup", "purge")
+
+
+def new_run_id(kind: str) -> str:
+    return f"{kind}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+
+
+def start(conn: psycopg.Connection, run_id: str, table_id: int, kind: str) -> None:
+    conn.execute("""INSERT INTO coldharbor.maintenance_runs (run_id, table_id, kind) VALUES (%s, %s, %s)
+                    ON CONFLICT (run_id, table_id, kind) DO UPDATE
+                       SET state = 'running', started_at = now(), finished_at = NULL, error = NULL""",
+                 (run_id, table_id, kind))
+
+
+def finish(conn: psycopg.Connection, run_id: str, table_id: int, kind: str, state: str,
+           detail: Mapping[str, object] | None = None, lake_version: int | None = None,
+           error: str | None = None) -> None:
+    conn.execute("""UPDATE coldharbor.maintenance_runs
+                       SET state = %s, detail = %s, lake_version = %s, error = %s, finished_at = now()
+                     WHERE run_id = %s AND table_id = %s AND kind = %s""",
+                 (state, json.dumps(dict(detail or {}), default=str), lake_version, error, run_id, table_id, kind))

@@ -1,0 +1,236 @@
+"""Compaction against real PostgreSQL and Spark + Delta: last-write-wins, history, markers, concurrency."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import Row
+
+from coldharbor import lake, pg, registry
+from coldharbor.compaction import CompactionConfig, compact_table
+from coldharbor.errors import ConfigError
+from tests.helpers import export, lake_live, lake_table, pg_rows
+
+OLD = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def register(conn, name: str, ddl: str = "id bigint PRIMARY KEY, v text", **kwargs) -> registry.RegisteredTable:
+    conn.execute(f"CREATE TABLE {name} ({ddl})")
+    args = ", ".join(f"{k} => %s" for k in kwargs)
+    conn.execute(f"SELECT coldharbor.register_table(%s{', ' + args if args else ''})", (name, *kwargs.values()))
+    return registry.load(conn, name)[0]
+
+
+def config(lake_root: str, **overrides) -> CompactionConfig:
+    settings = {"table": None, "lake_root": lake_root, "run_id": f"test-{datetime.now().timestamp()}",
+                "min_small_files": 2, "history_window": timedelta(hours=1), "retry_backoff_s": 0.1}
+    return CompactionConfig(**{**settings, **overrides})
+
+
+def compact(spark, dsn, table, lake_root, hook=lambda point: None, **overrides):
+    with pg.connect(dsn) as conn:
+        return compact_table(spark, conn, table, config(lake_root, **overrides), hook)
+
+
+def lake_row(id_, v, seq, batch, deleted=False, changed_at=OLD):
+    return Row(id=id_, v=v, _ch_seq=seq, _ch_deleted=deleted, _ch_changed_at=changed_at, _ch_batch_id=batch,
+               _ch_exported_at=changed_at)
+
+
+def write_batches(spark, path: str, batches: dict[int, list[Row]]) -> None:
+    """Lake rows written as the export writes them: one commit per batch, idempotent by batch id."""
+    for batch_id, rows in batches.items():
+        df = spark.createDataFrame(rows, "id long, v string, _ch_seq long, _ch_deleted boolean, "
+                                         "_ch_changed_at timestamp, _ch_batch_id long, _ch_exported_at timestamp")
+        lake.append_batch(df, path, app_id="test", batch_id=batch_id, partition_by=(), metadata={"batch": batch_id})
+
+
+def all_rows(spark, path: str) -> list[tuple]:
+    return sorted(((r.id, r.v, r._ch_seq, r._ch_batch_id, r._ch_deleted)
+                   for r in spark.read.format("delta").load(path).collect()), key=lambda r: (r[0], r[2]))
+
+
+def test_last_write_wins_within_and_across_batches_with_equal_times(spark, pg_dsn, pg_conn, table_name, lake_root):
+    table = register(pg_conn, table_name)
+    path = table.lake_path(lake_root)
+    write_batches(spark, path, {
+        1: [lake_row(1, "a", 10, 1), lake_row(1, "b", 12, 1), lake_row(1, "c", 11, 1),  # one batch, equal times
+            lake_row(2, "old", 5, 1), lake_row(3, "gone", 7, 1), lake_row(4, "keep", 8, 1)],
+        2: [lake_row(1, "d", 13, 2), lake_row(2, "tie-newer-batch", 5, 2),            # same seq: batch decides
+            lake_row(3, None, 9, 2, deleted=True)],
+        3: [lake_row(5, "x", 20, 3)],
+    })
+    before = lake_live(spark, lake_root, table_name, ["id"])
+    result = compact(spark, pg_dsn, table, lake_root)
+    assert result.status == "compacted"
+    [part] = result.partitions
+    assert part.files_before >= 3 and (part.rows_before, part.rows_after) == (10, 4)
+    assert (part.versions_dropped, part.markers_dropped) == (5, 1)
+    assert all_rows(spark, path) == [(1, "d", 13, 2, False), (2, "tie-newer-batch", 5, 2, False),
+                                     (4, "keep", 8, 1, False), (5, "x", 20, 3, False)]
+    assert lake_live(spark, lake_root, table_name, ["id"]) == before
+    assert part.files_after == 1
+
+
+def test_versions_inside_the_history_window_are_kept(spark, pg_dsn, pg_conn, table_name, lake_root):
+    table = register(pg_conn, table_name)
+    path = table.lake_path(lake_root)
+    now = datetime.now(timezone.utc)
+    recent = now - timedelta(minutes=10)
+    write_batches(spark, path, {
+        1: [lake_row(1, "v1", 1, 1), lake_row(2, "v1", 2, 1), lake_row(3, "v1", 3, 1)],
+        2: [lake_row(1, "v2", 4, 2), lake_row(2, None, 5, 2, deleted=True)],            # the base versions
+        3: [lake_row(1, "v3", 6, 3, changed_at=recent), lake_row(2, "back", 7, 3, changed_at=recent),
+            lake_row(3, None, 8, 3, deleted=True, changed_at=recent)],
+    })
+    compact(spark, pg_dsn, table, lake_root, history_window=timedelta(hours=1))
+    # Base of key 1 (v2) kept for as-of reads; key 2's base is a marker: dropped, nothing older left.
+    assert all_rows(spark, path) == [(1, "v2", 4, 2, False), (1, "v3", 6, 3, False), (2, "back", 7, 3, False),
+                                     (3, "v1", 3, 1, False), (3, None, 8, 3, True)]
+
+
+def test_as_of_answers_are_unchanged_by_compaction(spark, pg_dsn, pg_conn, table_name, lake_root):
+    from coldharbor.unified import cold_live
+
+    table = register(pg_conn, table_name)
+    path = table.lake_path(lake_root)
+    now = datetime.now(timezone.utc)
+    times = [now - timedelta(minutes=m) for m in (50, 40, 30, 20)]
+    write_batches(spark, path, {
+        1: [lake_row(1, "a", 1, 1), lake_row(2, "a", 2, 1)],
+        2: [lake_row(1, "b", 3, 2, changed_at=times[0]), lake_row(2, None, 4, 2, deleted=True, changed_at=times[1])],
+        3: [lake_row(1, None, 5, 3, deleted=True, changed_at=times[2]), lake_row(2, "c", 6, 3, changed_at=times[3])],
+    })
+    columns = registry.lake_columns(pg_conn, table)
+
+    def answers():
+        df = spark.read.format("delta").load(path)
+        return {t: sorted(tuple(r) for r in df.transform(cold_live(columns, t)).collect())
+                for t in [now - timedelta(minutes=55), *times, now]}
+
+    before = answers()
+    compact(spark, pg_dsn, table, lake_root, history_window=timedelta(hours=1))
+    assert answers() == before
+
+
+def test_delete_export_compact_vacuum_replay_never_resurrects(spark, pg_dsn, pg_conn, table_name, lake_root):
+    table = register(pg_conn, table_name)
+    path = table.lake_path(lake_root)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'alive'), (2, 'stays')")
+    first = export(spark, pg_dsn, table_name, lake_root)
+    batch_one = lake.read_version(spark, path, 0).collect()
+    pg_conn.execute(f"DELETE FROM {table_name} WHERE id = 1")
+    export(spark, pg_dsn, table_name, lake_root)
+    result = compact(spark, pg_dsn, table, lake_root, history_window=timedelta(microseconds=1))
+    assert result.partitions[0].markers_dropped == 1
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        DeltaTable.forPath(spark, path).vacuum(0)
+    finally:
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+    # The crashed-and-retried export of batch 1 arrives again: Delta's txnVersion makes it a no-op.
+    replay = spark.createDataFrame(batch_one, lake_table(spark, lake_root, table_name).schema)
+    lake.append_batch(replay, path, app_id=lake.export_app_id(table.table_id), batch_id=first.batch_id,
+                      partition_by=(), metadata={"replay": True})
+    assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
+    assert [r.id for r in lake_table(spark, lake_root, table_name).collect()] == [2]
+
+
+def _paused_at(point: str, reached: threading.Event, resume: threading.Event):
+    def hook(p: str) -> None:
+        if p == point:
+            reached.set()
+            assert resume.wait(120), f"never resumed at {point}"
+    return hook
+
+
+def _in_thread(target) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run():
+        try:
+            out["result"] = target()
+        except BaseException as exc:  # surfaced by the test
+            out["error"] = exc
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+@pytest.mark.parametrize("paused", ["compaction", "export"])
+def test_compaction_and_export_interleaved_at_their_commits(spark, pg_dsn, pg_conn, table_name, lake_root, paused):
+    table = register(pg_conn, table_name)
+    for i in range(4):  # four small files
+        pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 'r{i}' FROM generate_series({i * 10}, {i * 10 + 9}) g")
+        pg_conn.execute(f"UPDATE {table_name} SET v = v || '+' WHERE id < {i * 10}")
+        export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'late' WHERE id % 3 = 0")
+    pg_conn.execute(f"DELETE FROM {table_name} WHERE id % 7 = 0")
+    pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 'new' FROM generate_series(100, 120) g")
+    reached, resume = threading.Event(), threading.Event()
+    if paused == "compaction":
+        thread, out = _in_thread(lambda: compact(spark, pg_dsn, table, lake_root,
+                                                 hook=_paused_at("compact_before_commit", reached, resume)))
+        assert reached.wait(300)
+        assert export(spark, pg_dsn, table_name, lake_root).status == "exported"
+    else:
+        thread, out = _in_thread(lambda: export(spark, pg_dsn, table_name, lake_root,
+                                                hook=_paused_at("after_intent", reached, resume)))
+        assert reached.wait(300)
+        assert compact(spark, pg_dsn, table, lake_root).status == "compacted"
+    resume.set()
+    thread.join(300)
+    assert "error" not in out, out.get("error")
+    expected = pg_rows(pg_conn, f"SELECT id, v FROM {table_name}", ["id"])
+    assert lake_live(spark, lake_root, table_name, ["id"]) == expected
+    # Nothing doubled: one row per key and change sequence.
+    rows = lake_table(spark, lake_root, table_name).select("id", "_ch_seq").collect()
+    assert len(rows) == len(set(rows))
+    assert pg_conn.execute("SELECT count(*) FROM coldharbor.change_log c JOIN coldharbor.tables t USING (table_id) "
+                           "WHERE t.table_name = %s AND flushed_at IS NULL", (table_name,)).fetchone()[0] == 0
+
+
+def test_partitions_are_compacted_one_by_one(spark, pg_dsn, pg_conn, table_name, lake_root):
+    table = register(pg_conn, table_name, "region text, id int, v text, PRIMARY KEY (region, id)",
+                     p_partition_by=["region"])
+    for i in range(3):
+        pg_conn.execute(f"INSERT INTO {table_name} VALUES ('eu', {i}, 'a'), ('us', {i}, 'b')")
+        pg_conn.execute(f"UPDATE {table_name} SET v = v || {i}")
+        export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES ('a''b', 1, 'quote')")  # a partition value with a quote
+    export(spark, pg_dsn, table_name, lake_root)
+    result = compact(spark, pg_dsn, table, lake_root)
+    compacted = sorted(p.partition["region"] for p in result.partitions if p.status == "compacted")
+    assert compacted == ["eu", "us"]
+    assert lake_live(spark, lake_root, table_name, ["region", "id"]) == pg_rows(
+        pg_conn, f"SELECT region, id, v FROM {table_name}", ["region", "id"])
+
+
+def test_below_threshold_does_nothing_and_second_run_is_idempotent(spark, pg_dsn, pg_conn, table_name, lake_root):
+    table = register(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")
+    export(spark, pg_dsn, table_name, lake_root)
+    assert compact(spark, pg_dsn, table, lake_root).status == "nothing_to_do"
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'b'")
+    export(spark, pg_dsn, table_name, lake_root)
+    assert compact(spark, pg_dsn, table, lake_root).status == "compacted"
+    version = lake.pin_version(spark, table.lake_path(lake_root))
+    assert compact(spark, pg_dsn, table, lake_root).status == "nothing_to_do"
+    assert lake.pin_version(spark, table.lake_path(lake_root)) == version
+    run = pg_conn.execute("SELECT state, lake_version FROM coldharbor.maintenance_runs WHERE table_id = %s "
+                          "AND kind = 'compact' ORDER BY started_at DESC LIMIT 1", (table.table_id,)).fetchone()
+    assert run == ("succeeded", None)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"target_file_bytes": 10}, "target file size"),
+    ({"min_small_files": 1}, "min small files"),
+    ({"small_file_ratio": 1.5}, "small file ratio"),
+    ({"max_attempts": 0}, "max attempts"),
+])
+def test_thresholds_that_make_no_sense_are_refused(lake_root, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        config(lake_root, **overrides)

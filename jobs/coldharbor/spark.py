@@ -25,6 +25,10 @@ DEFAULT_CONF = {
     # Delta rebuilds table state (for txnVersion checks) in this many tasks; its default of 50
     # turns a per-minute export into seconds of task overhead on a small machine.
     "spark.databricks.delta.snapshotPartitions": os.environ.get("COLDHARBOR_DELTA_SNAPSHOT_PARTITIONS", "2"),
+    # VACUUM lists the table's folders in this many tasks; the default of 10,000 makes it minutes
+    # of task overhead even for a table of one folder.
+    "spark.sql.sources.parallelPartitionDiscovery.parallelism":
+        os.environ.get("COLDHARBOR_LISTING_PARALLELISM", "8"),
 }
 
 

@@ -1,0 +1,289 @@
+"""Cleanup: the tombstones and leftovers the other jobs leave behind (invariants 8 and 10).
+
+Per registered table, under its cleanup lock:
+  1. evict from the hot tier the rows the lake holds and nobody changed for the table's hot
+     retention (tiered tables only; nothing is logged: eviction is not deletion);
+  2. VACUUM the Delta table: files no version inside the retention references, including the
+     files of runs that were killed before their commit, go once older than the retention;
+  3. prune change_log rows flushed before the retention, and batches finished before it
+     (the newest flushed batch stays: it proves the table has reached the lake).
+Then, once: expire old report_runs and drop report staging tables that crashed runs left.
+
+Everything is idempotent; with --dry-run it only lists what would go.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+from psycopg import sql
+from pyspark.sql import SparkSession
+
+from coldharbor import lake, maintenance_runs, pg, registry, settings
+from coldharbor.errors import ConfigError, LakeUnavailableError
+from coldharbor.job_main import run_job
+from coldharbor.registry import RegisteredTable
+
+log = logging.getLogger(__name__)
+
+# Delta's own guard: VACUUM below this needs an explicit override (it breaks readers and time
+# travel of versions younger than the retention).
+DELTA_GUARD_HOURS = 168.0
+# Files of our own that Delta's VACUUM never touches (their names start with '_' or '.').
+OWN_LEFTOVERS = ("_coldharbor_write_probe",)
+RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
+
+
+@dataclass(frozen=True)
+class CleanupConfig:
+    table: str | None
+    lake_root: str
+    run_id: str
+    retention: timedelta = timedelta(hours=DELTA_GUARD_HOURS)
+    allow_short_retention: bool = False
+    report_runs_retention: timedelta = timedelta(days=30)
+    evict: bool = True
+    dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        hours = self.retention.total_seconds() / 3600
+        if hours < 0:
+            raise ConfigError(f"the retention must not be negative, got {hours:g} hours")
+        if hours < DELTA_GUARD_HOURS and not self.allow_short_retention:
+            raise ConfigError(f"a retention of {hours:g} hours is below Delta's {DELTA_GUARD_HOURS:g}-hour guard: "
+                              "reports and exports still reading older versions would lose their files; pass "
+                              "--allow-short-retention to do it anyway")
+        if self.report_runs_retention <= timedelta(0):
+            raise ConfigError("the report-run retention must be positive")
+
+
+@dataclass
+class TableCleanup:
+    table: str
+    status: str = "cleaned"       # cleaned | skipped
+    evicted_rows: int = 0
+    vacuumed_files: list[str] = field(default_factory=list)
+    leftovers_removed: list[str] = field(default_factory=list)
+    change_log_pruned: int = 0
+    batches_pruned: int = 0
+
+
+def cleanup_table(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable,
+                  config: CleanupConfig) -> TableCleanup:
+    with pg.advisory_lock(conn, "cleanup", table.table_id) as acquired:
+        if not acquired:
+            log.info("skipped %s: another cleanup of this table holds its lock", table.qualified_name)
+            return TableCleanup(table.qualified_name, "skipped")
+        if not config.dry_run:
+            maintenance_runs.start(conn, config.run_id, table.table_id, "cleanup")
+        result = TableCleanup(table.qualified_name)
+        try:
+            result.evicted_rows = evict(conn, table, config.dry_run) if config.evict else 0
+            path = table.lake_path(config.lake_root)
+            result.vacuumed_files = vacuum(spark, path, config)
+            result.leftovers_removed = remove_own_leftovers(spark, path, config)
+            result.change_log_pruned, result.batches_pruned = prune_change_log(conn, table, config)
+        except Exception as exc:
+            if not config.dry_run:
+                maintenance_runs.finish(conn, config.run_id, table.table_id, "cleanup", "failed",
+                                        error=str(exc)[:2000])
+            raise
+        verb = "would remove" if config.dry_run else "removed"
+        log.info("%s: %s %s hot rows (evicted), %s lake files, %s leftovers, %s change_log rows, %s batches",
+                 table.qualified_name, verb, result.evicted_rows, len(result.vacuumed_files),
+                 len(result.leftovers_removed), result.change_log_pruned, result.batches_pruned)
+        for name in result.vacuumed_files + result.leftovers_removed:
+            log.info("%s: %s %s", table.qualified_name, verb, name)
+        if not config.dry_run:
+            detail = asdict(result)
+            detail["vacuumed_files"] = len(result.vacuumed_files)
+            maintenance_runs.finish(conn, config.run_id, table.table_id, "cleanup", "succeeded", detail=detail,
+                                    lake_version=lake.pin_version(spark, path))
+        return result
+
+
+def eviction_cutoff(conn: psycopg.Connection, table: RegisteredTable) -> datetime | None:
+    """Rows changed and flushed before this can go: now minus the hot retention, and never after the
+    start of a report still running (it may have pinned a lake version older than their flush)."""
+    if table.hot_retention is None:
+        return None
+    return conn.execute("""SELECT least(now() - %s::interval,
+                                        (SELECT min(started_at) FROM coldharbor.report_runs
+                                          WHERE state = 'running'))""", (table.hot_retention,)).fetchone()[0]
+
+
+def evict(conn: psycopg.Connection, table: RegisteredTable, dry_run: bool) -> int:
+    cutoff = eviction_cutoff(conn, table)
+    if cutoff is None:
+        return 0
+    with conn.transaction():
+        return conn.execute("SELECT coldharbor.evict(%s, %s, %s)", (table.table_id, cutoff, dry_run)).fetchone()[0]
+
+
+@contextmanager
+def _conf(spark: SparkSession, values: dict[str, str]) -> Iterator[None]:
+    """Session settings for the duration of one call, restored afterwards."""
+    previous = {key: spark.conf.get(key, None) for key in values}
+    try:
+        for key, value in values.items():
+            spark.conf.set(key, value)
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+def vacuum(spark: SparkSession, path: str, config: CleanupConfig) -> list[str]:
+    """Delta VACUUM at the retention; returns the files removed (or, dry, that would be)."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return []
+    hours = config.retention.total_seconds() / 3600
+    # A retention below the guard reaches here only with the explicit override (__post_init__).
+    # DRY RUN exists only in SQL, which names the table by path: cleanup runs no report SQL, so
+    # path identifiers may be on for this one statement.
+    values = {"spark.sql.runSQLOnFiles": "true"}
+    if hours < DELTA_GUARD_HOURS:
+        values["spark.databricks.delta.retentionDurationCheck.enabled"] = "false"
+    table_ref = "delta.`" + path.replace("`", "``") + "`"
+    try:
+        with _conf(spark, values):
+            if not config.dry_run:
+                _align_retention_property(spark, table_ref, config.retention)
+            listed = [r[0] for r in spark.sql(f"VACUUM {table_ref} RETAIN {hours} HOURS DRY RUN").collect()]
+            if not config.dry_run and listed:
+                DeltaTable.forPath(spark, path).vacuum(hours)
+        return listed
+    except Exception as exc:
+        raise LakeUnavailableError(f"VACUUM of {path} failed: {lake.jvm_message(exc)}") from exc
+
+
+def _align_retention_property(spark: SparkSession, table_ref: str, retention: timedelta) -> None:
+    """VACUUM removes files no version references (those of killed writers) once they are older
+    than the table's delta.deletedFileRetentionDuration, whatever RETAIN says: keep the property
+    equal to the configured retention. A change is one metadata commit."""
+    wanted = f"interval {int(retention.total_seconds())} seconds"
+    current = spark.sql(f"DESCRIBE DETAIL {table_ref}").first()["properties"].get(RETENTION_PROPERTY)
+    if current != wanted:
+        spark.sql(f"ALTER TABLE {table_ref} SET TBLPROPERTIES ('{RETENTION_PROPERTY}' = '{wanted}')")
+        log.info("%s: %s set to %s (was %s)", table_ref, RETENTION_PROPERTY, wanted, current or "the default")
+
+
+def remove_own_leftovers(spark: SparkSession, path: str, config: CleanupConfig) -> list[str]:
+    """Probe files of killed exports: hidden from VACUUM by their leading underscore."""
+    jvm = spark.sparkContext._jvm
+    folder = jvm.org.apache.hadoop.fs.Path(path)
+    fs = folder.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    cutoff_ms = (datetime.now(timezone.utc) - config.retention).timestamp() * 1000
+    removed = []
+    for name in OWN_LEFTOVERS:
+        leftover = jvm.org.apache.hadoop.fs.Path(folder, name)
+        if fs.exists(leftover) and fs.getFileStatus(leftover).getModificationTime() < cutoff_ms:
+            if not config.dry_run:
+                fs.delete(leftover, False)
+            removed.append(str(leftover))
+    return removed
+
+
+def prune_change_log(conn: psycopg.Connection, table: RegisteredTable, config: CleanupConfig) -> tuple[int, int]:
+    """change_log rows flushed before the retention, and the batches finished before it."""
+    cutoff = sql.SQL("now() - {}::interval").format(sql.Literal(config.retention))
+    verb = sql.SQL("SELECT count(*)") if config.dry_run else sql.SQL("WITH gone AS (DELETE")
+    tail = sql.SQL("") if config.dry_run else sql.SQL(" RETURNING 1) SELECT count(*) FROM gone")
+    with conn.transaction():
+        changes = conn.execute(sql.SQL("{} FROM coldharbor.change_log WHERE table_id = {} AND flushed_at < {}{}")
+                               .format(verb, sql.Literal(table.table_id), cutoff, tail)).fetchone()[0]
+        batches = conn.execute(sql.SQL("""{} FROM coldharbor.export_batches b
+             WHERE b.table_id = {table_id} AND b.state <> 'pending' AND b.finished_at < {cutoff}
+               AND b.batch_id <> coalesce((SELECT max(batch_id) FROM coldharbor.export_batches
+                                            WHERE table_id = {table_id} AND state = 'flushed'), -1){}""").format(
+            verb, tail, table_id=sql.Literal(table.table_id), cutoff=cutoff)).fetchone()[0]
+    return changes, batches
+
+
+def expire_report_runs(conn: psycopg.Connection, config: CleanupConfig) -> int:
+    query = "FROM coldharbor.report_runs WHERE state <> 'running' AND finished_at < now() - %s::interval"
+    if config.dry_run:
+        return conn.execute("SELECT count(*) " + query, (config.report_runs_retention,)).fetchone()[0]
+    return conn.execute("DELETE " + query, (config.report_runs_retention,)).rowcount
+
+
+def drop_stale_staging_tables(conn: psycopg.Connection, dry_run: bool) -> list[str]:
+    """reports._ch_stage_* tables of serve runs that died before their swap (none may be running)."""
+    running = conn.execute("SELECT count(*) FROM coldharbor.report_runs WHERE state = 'running' "
+                           "AND sink = 'postgres'").fetchone()[0]
+    if running:
+        log.info("report staging tables left alone: %s PostgreSQL report run(s) in progress", running)
+        return []
+    names = [r[0] for r in conn.execute("SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = 'reports' "
+                                        "AND tablename LIKE '\\_ch\\_stage\\_%'").fetchall()]
+    if not dry_run:
+        for name in names:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("reports", name)))
+    return names
+
+
+def parse_args(argv: list[str]) -> CleanupConfig:
+    parser = argparse.ArgumentParser(
+        prog="cleanup.py",
+        description="Evict cold rows from the hot tier, VACUUM the lake, prune the change log and expire old run "
+                    f"records. PostgreSQL is reached through {settings.PG_DSN_ENV}.")
+    parser.add_argument("--table", help="clean only this registered table (schema.table); default: all")
+    parser.add_argument("--lake-root", help=f"lake folder or URI (default: ${settings.LAKE_ROOT_ENV})")
+    parser.add_argument("--retention-hours", type=float, default=DELTA_GUARD_HOURS,
+                        help=f"keep lake files and flushed change_log rows this long (default {DELTA_GUARD_HOURS:g}; "
+                             "it must exceed the longest report and export)")
+    parser.add_argument("--allow-short-retention", action="store_true",
+                        help=f"allow a retention below Delta's {DELTA_GUARD_HOURS:g}-hour guard")
+    parser.add_argument("--report-runs-days", type=float, default=30.0,
+                        help="expire report_runs rows finished longer ago than this (default 30)")
+    parser.add_argument("--no-evict", action="store_true", help="leave the hot tier alone")
+    parser.add_argument("--dry-run", action="store_true", help="list what would go; change nothing")
+    parser.add_argument("--run-id", help="identifier recorded with the run (default: a new one)")
+    args = parser.parse_args(argv)
+    return CleanupConfig(table=args.table, lake_root=settings.lake_root(args.lake_root),
+                         run_id=args.run_id or maintenance_runs.new_run_id("cleanup"),
+                         retention=timedelta(hours=args.retention_hours),
+                         allow_short_retention=args.allow_short_retention,
+                         report_runs_retention=timedelta(days=args.report_runs_days),
+                         evict=not args.no_evict, dry_run=args.dry_run)
+
+
+def run(spark: SparkSession, conn: psycopg.Connection, config: CleanupConfig) -> list[TableCleanup]:
+    results = [cleanup_table(spark, conn, t, config) for t in registry.load(conn, config.table)]
+    if config.table is None:
+        verb = "would expire" if config.dry_run else "expired"
+        log.info("%s %s report runs", verb, expire_report_runs(conn, config))
+        for name in drop_stale_staging_tables(conn, config.dry_run):
+            log.info("%s stale report staging table reports.%s", "would drop" if config.dry_run else "dropped", name)
+    return results
+
+
+def main(argv: list[str]) -> int:
+    def body() -> int:
+        config = parse_args(argv)
+        with pg.connect(settings.pg_dsn()) as conn:
+            registry.load(conn, config.table)  # an unknown table fails before Spark starts
+            from coldharbor.spark import get_session
+
+            spark = get_session("coldharbor-cleanup")
+            for result in run(spark, conn, config):
+                log.info("result: %s", result)
+        return 0
+
+    return run_job("cleanup", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -144,25 +144,33 @@ def _conf(spark: SparkSession, values: dict[str, str]) -> Iterator[None]:
 
 
 def vacuum(spark: SparkSession, path: str, config: CleanupConfig) -> list[str]:
-    """Delta VACUUM at the retention; returns the files removed (or, dry, that would be)."""
+    """Delta VACUUM at the configured retention; returns the files removed (or, dry, that would be)."""
+    return vacuum_files(spark, path, config.retention, dry_run=config.dry_run, align_untracked=True)
+
+
+def vacuum_files(spark: SparkSession, path: str, retention: timedelta, *, dry_run: bool,
+                 align_untracked: bool) -> list[str]:
+    """VACUUM ... RETAIN; with `align_untracked` also files no version references (see below).
+
+    A retention below the guard must have been allowed by the caller (an explicit override).
+    """
     from delta.tables import DeltaTable
 
     if not DeltaTable.isDeltaTable(spark, path):
         return []
-    hours = config.retention.total_seconds() / 3600
-    # A retention below the guard reaches here only with the explicit override (__post_init__).
-    # DRY RUN exists only in SQL, which names the table by path: cleanup runs no report SQL, so
-    # path identifiers may be on for this one statement.
+    hours = retention.total_seconds() / 3600
+    # DRY RUN exists only in SQL, which names the table by path: maintenance runs no report SQL,
+    # so path identifiers may be on for these statements.
     values = {"spark.sql.runSQLOnFiles": "true"}
     if hours < DELTA_GUARD_HOURS:
         values["spark.databricks.delta.retentionDurationCheck.enabled"] = "false"
     table_ref = "delta.`" + path.replace("`", "``") + "`"
     try:
         with _conf(spark, values):
-            if not config.dry_run:
-                _align_retention_property(spark, table_ref, config.retention)
+            if align_untracked and not dry_run:
+                _align_retention_property(spark, table_ref, retention)
             listed = [r[0] for r in spark.sql(f"VACUUM {table_ref} RETAIN {hours} HOURS DRY RUN").collect()]
-            if not config.dry_run and listed:
+            if not dry_run and listed:
                 DeltaTable.forPath(spark, path).vacuum(hours)
         return listed
     except Exception as exc:

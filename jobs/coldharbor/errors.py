@@ -25,3 +25,7 @@ class LakeUnavailableError(ColdharborError):
 
 class ReportError(ColdharborError, ValueError):
     """A report definition, its SQL, a parameter or its target is not acceptable."""
+
+
+class TableBusyError(ColdharborError):
+    """Another job holds a lock the operation needs; nothing was changed."""

@@ -1,0 +1,254 @@
+"""Purge: remove every row matching a predicate from PostgreSQL, the lake's live files, the lake's
+old files and the change log, then verify that none remains anywhere the table keeps rows.
+
+Under the table's export, compaction and cleanup locks (so no job writes it meanwhile):
+  1. PostgreSQL, one transaction held open across step 2: delete the matching rows (capture off:
+     the rows must not travel to the lake as changes) and collect their keys;
+  2. lake, one MERGE commit: delete every version of those keys and of the keys whose latest lake
+     version matches (rows evicted from the hot tier), and every other version that matches;
+  3. delete the change_log rows of those keys; commit PostgreSQL. A crash before this commit
+     leaves rows in PostgreSQL that reports miss: rows being purged anyway, and a rerun finishes;
+  4. VACUUM with the purge's own retention, so the files holding old versions go;
+  5. verify: no matching row or purged key in the current version, in any data file left in the
+     table's folder, in the table or in the change log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import PurePosixPath
+
+import psycopg
+from psycopg import sql
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from coldharbor import lake, maintenance_runs, pg, purge_predicate, registry, settings
+from coldharbor.cleanup import DELTA_GUARD_HOURS, vacuum_files
+from coldharbor.errors import ConfigError, TableBusyError
+from coldharbor.job_main import run_job
+from coldharbor.lake_rows import DELETED, latest_per_key
+from coldharbor.purge_predicate import Predicate
+from coldharbor.registry import LakeColumn, RegisteredTable
+
+log = logging.getLogger(__name__)
+
+EXIT_INCOMPLETE = 4  # purged, but rows remain in files the retention keeps
+
+
+@dataclass(frozen=True)
+class PurgeConfig:
+    table: str
+    where: str
+    lake_root: str
+    run_id: str
+    vacuum_retention: timedelta
+    allow_short_retention: bool = False
+
+    def __post_init__(self) -> None:
+        hours = self.vacuum_retention.total_seconds() / 3600
+        if hours < 0:
+            raise ConfigError(f"the purge's VACUUM retention must not be negative, got {hours:g} hours")
+        if hours < DELTA_GUARD_HOURS and not self.allow_short_retention:
+            raise ConfigError(f"a VACUUM retention of {hours:g} hours is below Delta's {DELTA_GUARD_HOURS:g}-hour "
+                              "guard: reports reading older versions lose their files; pass "
+                              "--allow-short-retention to purge old files now")
+
+
+@dataclass
+class PurgeResult:
+    table: str
+    predicate: str
+    hot_rows_deleted: int = 0
+    keys_purged: int = 0
+    lake_rows_deleted: int = 0
+    change_log_deleted: int = 0
+    files_vacuumed: int = 0
+    lake_version: int | None = None
+    remaining: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return not any(self.remaining.values())
+
+
+def purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, config: PurgeConfig) -> PurgeResult:
+    columns = registry.lake_columns(conn, table)
+    predicate = purge_predicate.parse(config.where, columns)  # before any lock or change
+    with ExitStack() as locks:
+        for kind in ("export", "compact", "cleanup"):
+            if not locks.enter_context(pg.advisory_lock(conn, kind, table.table_id)):
+                raise TableBusyError(f"cannot purge {table.qualified_name} now: a {kind} run holds its lock; "
+                                     "nothing was changed, try again when it has finished")
+        maintenance_runs.start(conn, config.run_id, table.table_id, "purge")
+        try:
+            result = _purge(spark, conn, table, columns, predicate, config)
+        except Exception as exc:
+            maintenance_runs.finish(conn, config.run_id, table.table_id, "purge", "failed", error=str(exc)[:2000])
+            raise
+        maintenance_runs.finish(conn, config.run_id, table.table_id, "purge",
+                                "succeeded" if result.complete else "failed", detail=asdict(result),
+                                lake_version=result.lake_version,
+                                error=None if result.complete else f"rows remain: {result.remaining}")
+        return result
+
+
+def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, columns: list[LakeColumn],
+           predicate: Predicate, config: PurgeConfig) -> PurgeResult:
+    keys = [c for c in sorted((c for c in columns if c.is_key), key=lambda c: c.key_position)]
+    key_names = [c.name for c in keys]
+    path = table.lake_path(config.lake_root)
+    result = PurgeResult(table.qualified_name, predicate.text)
+    has_lake = lake.pin_version(spark, path) is not None
+    with conn.transaction():
+        conn.execute("SELECT set_config('coldharbor.evicting', 'on', true)")  # no change rows for the purge
+        hot_keys = conn.execute(sql.SQL("DELETE FROM {} WHERE {} RETURNING {}").format(
+            table.identifier, sql.SQL(predicate.postgres),
+            sql.SQL(", ").join(sql.Identifier(k) for k in key_names))).fetchall()
+        conn.execute("SELECT set_config('coldharbor.evicting', 'off', true)")
+        result.hot_rows_deleted = len(hot_keys)
+        all_keys = set(hot_keys)
+        if has_lake:
+            rows = lake.read_version(spark, path, lake.pin_version(spark, path))
+            latest_match = (rows.transform(latest_per_key(key_names))
+                            .filter(~F.col(DELETED)).filter(predicate.spark).select(*key_names))
+            all_keys |= {tuple(r) for r in latest_match.collect()}
+            result.lake_rows_deleted, result.lake_version = _merge_delete(spark, path, rows.schema, key_names,
+                                                                          sorted(all_keys, key=repr), predicate,
+                                                                          config)
+        result.keys_purged = len(all_keys)
+        result.change_log_deleted = conn.execute(sql.SQL("""
+            DELETE FROM coldharbor.change_log
+             WHERE table_id = {table_id}
+               AND key IN (SELECT jsonb_build_object({pairs}) FROM unnest({arrays}) AS u({names}))""").format(
+            table_id=sql.Literal(table.table_id),
+            pairs=sql.SQL(", ").join(sql.SQL("{}, u.{}").format(sql.Literal(k), sql.Identifier(k)) for k in key_names),
+            arrays=sql.SQL(", ").join(sql.SQL("%s::{}[]").format(sql.SQL(c.pg_type)) for c in keys),
+            names=sql.SQL(", ").join(sql.Identifier(k) for k in key_names)),
+            [[key[i] for key in all_keys] for i in range(len(keys))]).rowcount
+    if has_lake:
+        result.files_vacuumed = len(vacuum_files(spark, path, config.vacuum_retention, dry_run=False,
+                                                 align_untracked=False))
+    result.remaining = verify(spark, conn, table, path, key_names, all_keys, predicate, has_lake)
+    log.info("%s: purged %s: %s hot rows, %s keys, %s lake rows (version %s), %s change_log rows, %s files "
+             "vacuumed; remaining: %s", table.qualified_name, predicate.text, result.hot_rows_deleted,
+             result.keys_purged, result.lake_rows_deleted, result.lake_version, result.change_log_deleted,
+             result.files_vacuumed, result.remaining)
+    return result
+
+
+def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], keys: list[tuple],
+                  predicate: Predicate, config: PurgeConfig) -> tuple[int, int]:
+    """One Delta commit: every version of the purged keys, and every other matching version."""
+    from delta.tables import DeltaTable
+
+    key_schema = ", ".join(f"`{k}` {schema[k].dataType.simpleString()}" for k in key_names)
+    source = spark.createDataFrame(keys, key_schema)
+    on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in key_names)
+    metadata = json.dumps({"operation": "coldharbor-purge", "run_id": config.run_id, "predicate": predicate.text})
+    spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", metadata)
+    try:
+        (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), on)
+         .whenMatchedDelete()
+         .whenNotMatchedBySourceDelete(condition=predicate.spark)
+         .execute())
+    finally:
+        spark.conf.unset("spark.databricks.delta.commitInfo.userMetadata")
+    entry = lake.find_commit_entry(spark, path, {"operation": "coldharbor-purge", "run_id": config.run_id})
+    if entry is None:
+        raise ConfigError(f"the purge commit of {path} is not in its Delta history")
+    return int(entry["metrics"].get("numTargetRowsDeleted", 0)), entry["version"]
+
+
+def verify(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str, key_names: list[str],
+           keys: set[tuple], predicate: Predicate, has_lake: bool) -> dict[str, int]:
+    """Counts of purged rows still present; all zero when the purge is complete."""
+    remaining = {
+        "postgres_rows": conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {}").format(
+            table.identifier, sql.SQL(predicate.postgres))).fetchone()[0],
+    }
+    if has_lake:
+        def matches(rows: DataFrame) -> int:
+            hit = F.expr(predicate.spark)
+            if keys:
+                source = spark.createDataFrame(sorted(keys, key=repr), rows.select(*key_names).schema)
+                rows = rows.join(source.withColumn("_ch_purged", F.lit(True)), on=key_names, how="left")
+                hit = hit | F.col("_ch_purged").isNotNull()
+            return rows.filter(F.coalesce(hit, F.lit(False))).count()
+
+        remaining["lake_current_rows"] = matches(spark.read.format("delta").load(path))
+        files = _data_files(spark, path)
+        remaining["lake_rows_in_kept_files"] = matches(spark.read.option("mergeSchema", "true").parquet(*files)) \
+            if files else 0
+    return remaining
+
+
+def _data_files(spark: SparkSession, path: str) -> list[str]:
+    """Every Parquet file under the table folder outside _delta_log, referenced or not."""
+    jvm = spark.sparkContext._jvm
+    root = jvm.org.apache.hadoop.fs.Path(path)
+    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    found = []
+    listing = fs.listFiles(root, True)
+    while listing.hasNext():
+        status = listing.next()
+        name = status.getPath().toString()
+        relative = PurePosixPath(name[len(root.toString()):].lstrip("/"))
+        if relative.parts and relative.parts[0] == "_delta_log":
+            continue
+        if relative.suffix == ".parquet" and status.getLen() > 0:
+            found.append(name)
+    return found
+
+
+def parse_args(argv: list[str]) -> PurgeConfig:
+    parser = argparse.ArgumentParser(
+        prog="purge.py",
+        description="Remove every row matching a predicate from PostgreSQL, the lake (current and old files) and "
+                    "the change log, then verify none remains. PostgreSQL is reached through "
+                    f"{settings.PG_DSN_ENV}. Exit 0: purged and verified; 2: refused, nothing changed; 4: purged, "
+                    "but rows remain in files the retention keeps.")
+    parser.add_argument("--table", required=True, help="the registered table (schema.table)")
+    parser.add_argument("--where", required=True,
+                        help="the rows to purge, e.g. \"customer = 'c-17'\": columns, literals, comparisons, "
+                             "AND/OR/NOT, IN, BETWEEN, IS NULL, LIKE")
+    parser.add_argument("--lake-root", help=f"lake folder or URI (default: ${settings.LAKE_ROOT_ENV})")
+    parser.add_argument("--vacuum-retention-hours", type=float, required=True,
+                        help="VACUUM retention of this purge: files holding old versions go once older; 0 removes "
+                             "them now (needs --allow-short-retention)")
+    parser.add_argument("--allow-short-retention", action="store_true",
+                        help=f"allow a retention below Delta's {DELTA_GUARD_HOURS:g}-hour guard")
+    parser.add_argument("--run-id", help="identifier recorded with the run (default: a new one)")
+    args = parser.parse_args(argv)
+    return PurgeConfig(table=args.table, where=args.where, lake_root=settings.lake_root(args.lake_root),
+                       run_id=args.run_id or maintenance_runs.new_run_id("purge"),
+                       vacuum_retention=timedelta(hours=args.vacuum_retention_hours),
+                       allow_short_retention=args.allow_short_retention)
+
+
+def main(argv: list[str]) -> int:
+    def body() -> int:
+        config = parse_args(argv)
+        with pg.connect(settings.pg_dsn()) as conn:
+            [table] = registry.load(conn, config.table)
+            purge_predicate.parse(config.where, registry.lake_columns(conn, table))  # refuse before Spark starts
+            from coldharbor.spark import get_session
+
+            result = purge(get_session("coldharbor-purge"), conn, table, config)
+        if not result.complete:
+            log.error("purge of %s incomplete: %s (files kept by the retention still hold them; run VACUUM "
+                      "after the retention, or purge with a shorter one)", table.qualified_name, result.remaining)
+            return EXIT_INCOMPLETE
+        return 0
+
+    return run_job("purge", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,109 @@
+"""Purge against real PostgreSQL and Spark + Delta: nothing left anywhere, bad input changes nothing."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from coldharbor import lake, pg, registry
+from coldharbor.compaction import CompactionConfig, compact_table
+from coldharbor.purge import PurgeConfig, main as purge_main, purge
+from tests.helpers import export, lake_live, pg_rows, serve_report
+
+DDL = "id bigint PRIMARY KEY, customer text, amount numeric(10,2)"
+
+
+def make(conn, name: str):
+    conn.execute(f"CREATE TABLE {name} ({DDL})")
+    conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+    return registry.load(conn, name)[0]
+
+
+def history_of_c1(spark, pg_dsn, pg_conn, name, lake_root):
+    """c1's rows in every place a row can be: current and old lake versions, compacted files,
+    evicted from the hot tier, dirty in the change log."""
+    pg_conn.execute(f"INSERT INTO {name} SELECT g, 'c' || (g % 4), g FROM generate_series(1, 40) g")
+    export(spark, pg_dsn, name, lake_root)
+    pg_conn.execute(f"UPDATE {name} SET customer = 'c2' WHERE id = 5")    # was c1: an old version matches
+    pg_conn.execute(f"UPDATE {name} SET customer = 'c1' WHERE id = 6")    # now c1: its old versions do not
+    pg_conn.execute(f"UPDATE {name} SET amount = amount + 1 WHERE customer = 'c1'")
+    export(spark, pg_dsn, name, lake_root)
+    pg_conn.execute(f"UPDATE {name} SET amount = 0 WHERE id = 9")
+    export(spark, pg_dsn, name, lake_root)
+    with pg.connect(pg_dsn) as conn:
+        [table] = registry.load(conn, name)
+        compact_table(spark, conn, table, CompactionConfig(None, lake_root, f"c-{name}", min_small_files=2))
+    with pg_conn.transaction():  # id 13 (c1) evicted: only the lake has it now
+        pg_conn.execute("SELECT set_config('coldharbor.evicting', 'on', true)")
+        pg_conn.execute(f"DELETE FROM {name} WHERE id = 13")
+    pg_conn.execute(f"INSERT INTO {name} VALUES (100, 'c1', 1)")          # dirty, never exported
+
+
+def test_purge_leaves_nothing_behind_and_keeps_everything_else(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
+    table = make(pg_conn, table_name)
+    history_of_c1(spark, pg_dsn, pg_conn, table_name, lake_root)
+    others = {k: v for k, v in pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"]).items()
+              if v["customer"] != "c1"}
+    with pg.connect(pg_dsn) as conn:
+        result = purge(spark, conn, table, PurgeConfig(table_name, "customer = 'c1'", lake_root, "p1",
+                                                       timedelta(0), allow_short_retention=True))
+    assert result.complete, result.remaining
+    assert result.remaining == {"postgres_rows": 0, "lake_current_rows": 0, "lake_rows_in_kept_files": 0}
+    assert result.hot_rows_deleted == 10 and result.keys_purged == 11  # 9 + id 6 + id 100; + evicted id 13
+    assert pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"]) == others
+    assert lake_live(spark, lake_root, table_name, ["id"]) == {k: v for k, v in others.items()}
+    assert (5,) in others and others[(5,)]["customer"] == "c2"  # its old c1 version went, it did not
+    lake_rows = spark.read.format("delta").load(table.lake_path(lake_root))
+    assert lake_rows.filter("customer = 'c1'").count() == 0
+    purged_log = pg_conn.execute("""SELECT count(*) FROM coldharbor.change_log WHERE table_id = %s
+                                     AND (key ->> 'id')::int IN (1, 6, 13, 100)""", (table.table_id,)).fetchone()[0]
+    assert purged_log == 0
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT * FROM {table_name}",
+                        "--target", "adhoc_purged") == 0
+    assert pg_rows(pg_conn, "SELECT * FROM reports.adhoc_purged", ["id"]) == others
+    export(spark, pg_dsn, table_name, lake_root)
+    assert lake_live(spark, lake_root, table_name, ["id"]) == others
+
+
+def test_a_retention_that_keeps_old_files_is_reported_incomplete(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                                 monkeypatch, caplog):
+    make(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'c1', 1), (2, 'c2', 2)")
+    export(spark, pg_dsn, table_name, lake_root)
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    rc = purge_main(["--table", table_name, "--where", "customer = 'c1'", "--lake-root", lake_root,
+                     "--vacuum-retention-hours", "200"])
+    assert rc == 4
+    assert "lake_rows_in_kept_files': 1" in caplog.text
+    assert pg_rows(pg_conn, f"SELECT id FROM {table_name}", ["id"]) == {(2,): {"id": 2}}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--where", "custmer = 'c1'", "--vacuum-retention-hours", "0", "--allow-short-retention"],
+     "column 'custmer'"),
+    (["--where", "customer = ", "--vacuum-retention-hours", "0", "--allow-short-retention"], "does not parse"),
+    (["--where", "customer = 'c1' OR pg_sleep(1) IS NULL", "--vacuum-retention-hours", "0",
+      "--allow-short-retention"], "may use columns"),
+    (["--where", "customer = 'c1'", "--vacuum-retention-hours", "0"], "--allow-short-retention"),
+])
+def test_bad_input_changes_nothing(spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog,
+                                   args, message):
+    table = make(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'c1', 1), (2, 'c2', 2)")
+    export(spark, pg_dsn, table_name, lake_root)
+    version = lake.pin_version(spark, table.lake_path(lake_root))
+    before = pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    assert purge_main(["--table", table_name, "--lake-root", lake_root, *args]) == 2
+    assert message in caplog.text
+    assert pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"]) == before
+    assert lake.pin_version(spark, table.lake_path(lake_root)) == version
+
+
+def test_purging_an_unregistered_table_is_refused(pg_dsn, lake_root, monkeypatch, caplog):
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    assert purge_main(["--table", "public.nope", "--where", "id = 1", "--lake-root", lake_root,
+                       "--vacuum-retention-hours", "200"]) == 2
+    assert "not registered" in caplog.text

@@ -41,6 +41,17 @@ OWN_LEFTOVERS = ("_coldharbor_write_probe",)
 RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
 
 
+def check_retention(retention: timedelta, allow_short: bool) -> None:
+    """Delta's guard, enforced before anything runs: below it only with the explicit override."""
+    hours = retention.total_seconds() / 3600
+    if hours < 0:
+        raise ConfigError(f"the retention must not be negative, got {hours:g} hours")
+    if hours < DELTA_GUARD_HOURS and not allow_short:
+        raise ConfigError(f"a retention of {hours:g} hours is below Delta's {DELTA_GUARD_HOURS:g}-hour guard: "
+                          "reports and exports still reading older versions would lose their files; pass "
+                          "--allow-short-retention to do it anyway")
+
+
 @dataclass(frozen=True)
 class CleanupConfig:
     table: str | None
@@ -53,13 +64,7 @@ class CleanupConfig:
     dry_run: bool = False
 
     def __post_init__(self) -> None:
-        hours = self.retention.total_seconds() / 3600
-        if hours < 0:
-            raise ConfigError(f"the retention must not be negative, got {hours:g} hours")
-        if hours < DELTA_GUARD_HOURS and not self.allow_short_retention:
-            raise ConfigError(f"a retention of {hours:g} hours is below Delta's {DELTA_GUARD_HOURS:g}-hour guard: "
-                              "reports and exports still reading older versions would lose their files; pass "
-                              "--allow-short-retention to do it anyway")
+        check_retention(self.retention, self.allow_short_retention)
         if self.report_runs_retention <= timedelta(0):
             raise ConfigError("the report-run retention must be positive")
 

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
-from coldharbor.errors import LakeUnavailableError
+from coldharbor.errors import ConfigError, LakeUnavailableError
+from coldharbor.lake_rows import METADATA_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +41,13 @@ def ensure_writable(spark: SparkSession, path: str) -> None:
 
 
 def append_batch(rows: DataFrame, path: str, *, app_id: str, batch_id: int,
-                 partition_by: Sequence[str], metadata: Mapping[str, object]) -> None:
-    """One Delta commit holding the batch; a second call with the same batch id changes nothing."""
+                 partition_by: Sequence[str], metadata: Mapping[str, object], add_columns: bool = False) -> None:
+    """One Delta commit holding the batch; a second call with the same batch id changes nothing.
+
+    With `add_columns` the commit also adds the columns the rows have and the table lacks.
+    """
     writer = (rows.write.format("delta").mode("append")
+              .option("mergeSchema", str(add_columns).lower())
               .option("txnAppId", app_id)
               .option("txnVersion", batch_id)
               .option("userMetadata", json.dumps(dict(metadata), sort_keys=True)))
@@ -51,6 +57,35 @@ def append_batch(rows: DataFrame, path: str, *, app_id: str, batch_id: int,
         writer.save(path)
     except Exception as exc:
         raise LakeUnavailableError(f"the Delta commit to {path} failed: {jvm_message(exc)}") from exc
+
+
+@dataclass(frozen=True)
+class SchemaChange:
+    added: tuple[str, ...]     # in PostgreSQL, not yet in the lake: added by the next commit
+    dropped: tuple[str, ...]   # in the lake, gone from PostgreSQL: kept, NULL in new rows
+
+
+def schema_change(spark: SparkSession, path: str, wanted: StructType, table: str) -> SchemaChange:
+    """How the lake table's columns differ from the rows about to be written.
+
+    A column whose type changed cannot be written: ConfigError naming it, before anything is.
+    """
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return SchemaChange((), ())
+    current = {f.name: f.dataType for f in DeltaTable.forPath(spark, path).toDF().schema.fields}
+    changed = [(f.name, current[f.name], f.dataType) for f in wanted.fields
+               if f.name in current and current[f.name] != f.dataType]
+    if changed:
+        name, old, new = changed[0]
+        raise ConfigError(f"cannot export {table}: column {name} is {new.simpleString()} in PostgreSQL now but "
+                          f"{old.simpleString()} in the lake table at {path}; a type change is not carried over "
+                          "(change the column back, or move the lake table aside and register the table again "
+                          "to export it whole); nothing was exported")
+    names = {f.name for f in wanted.fields}
+    return SchemaChange(tuple(f.name for f in wanted.fields if f.name not in current),
+                        tuple(n for n in current if n not in names and n not in METADATA_COLUMNS))
 
 
 def find_batch_commit(spark: SparkSession, path: str, app_id: str, batch_id: int,

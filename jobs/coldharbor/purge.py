@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from coldharbor import lake, maintenance_runs, pg, purge_predicate, registry, settings
-from coldharbor.cleanup import DELTA_GUARD_HOURS, vacuum_files
+from coldharbor.cleanup import DELTA_GUARD_HOURS, check_retention, vacuum_files
 from coldharbor.errors import ConfigError, TableBusyError
 from coldharbor.job_main import run_job
 from coldharbor.lake_rows import DELETED, latest_per_key
@@ -52,13 +52,7 @@ class PurgeConfig:
     allow_short_retention: bool = False
 
     def __post_init__(self) -> None:
-        hours = self.vacuum_retention.total_seconds() / 3600
-        if hours < 0:
-            raise ConfigError(f"the purge's VACUUM retention must not be negative, got {hours:g} hours")
-        if hours < DELTA_GUARD_HOURS and not self.allow_short_retention:
-            raise ConfigError(f"a VACUUM retention of {hours:g} hours is below Delta's {DELTA_GUARD_HOURS:g}-hour "
-                              "guard: reports reading older versions lose their files; pass "
-                              "--allow-short-retention to purge old files now")
+        check_retention(self.vacuum_retention, self.allow_short_retention)
 
 
 @dataclass

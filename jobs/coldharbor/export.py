@@ -101,7 +101,10 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
 
         exported_at = datetime.now(timezone.utc)
         app_id = lake.export_app_id(table.table_id)
-        lake.append_batch(images.transform(to_lake_rows(columns, batch.batch_id, exported_at)), path,
+        rows = images.transform(to_lake_rows(columns, batch.batch_id, exported_at))
+        if faults.armed("during_write"):
+            rows = faults.crash_inside_tasks(rows)
+        lake.append_batch(rows, path,
                           app_id=app_id, batch_id=batch.batch_id, partition_by=table.partition_by,
                           metadata={"app_id": app_id, "batch_id": batch.batch_id, "run_id": config.run_id,
                                     "table": table.qualified_name},

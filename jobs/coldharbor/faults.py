@@ -39,3 +39,29 @@ def from_environment(point: str) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"paused at {point} for {PAUSE_TIMEOUT_S}s without a resume")
             time.sleep(0.05)
+
+
+def armed(point: str) -> bool:
+    """Whether the environment asks for a crash at `point` (for points a hook call cannot reach)."""
+    return os.environ.get(CRASH_ENV) == point
+
+
+def crash_inside_tasks(rows):
+    """`rows`, whose first row computed by a Spark task kills the driver JVM with SIGKILL: a crash
+    in the middle of a distributed write, with the tasks' files half written. spark-submit only
+    (the JVM is the job's process; under a test's own session it would be the test's)."""
+    from pyspark.sql import functions as F
+
+    @F.udf("boolean")
+    def _kill(_):
+        pid = os.getppid()  # the Python worker's ancestors: pyspark's daemon, then the JVM
+        while pid > 1:
+            with open(f"/proc/{pid}/comm") as comm:
+                if comm.read().strip() == "java":
+                    os.kill(pid, signal.SIGKILL)
+                    time.sleep(60)
+            with open(f"/proc/{pid}/stat") as stat:
+                pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        return True
+
+    return rows.filter(_kill.asNondeterministic()(F.lit(1)))

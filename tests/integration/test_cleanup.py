@@ -14,7 +14,9 @@ from coldharbor import pg, registry
 from coldharbor.cleanup import CleanupConfig, main as cleanup_main, run as cleanup_run
 from coldharbor.compaction import CompactionConfig, compact_table
 from coldharbor.errors import ConfigError
-from tests.helpers import dirty_ids, export, lake_live, pg_rows, report_run, serve_report
+from coldharbor import lake
+from tests.helpers import (dirty_ids, export, lake_live, pg_rows, report_run, serve_report,
+                           spark_submit_export)
 
 
 def register(conn, name: str, hot_retention: str | None = None) -> registry.RegisteredTable:
@@ -178,3 +180,27 @@ def test_eviction_waits_for_reports_still_running(spark, pg_dsn, pg_conn, table_
         pg_conn.execute("DELETE FROM coldharbor.report_runs WHERE run_id = %s", (f"slow-{table_name}",))
     [done] = cleanup(spark, pg_dsn, lake_root, table_name, retention=timedelta(hours=3))
     assert done.evicted_rows == 1
+
+
+def test_files_of_an_export_killed_mid_write_are_removed_once_old_enough(
+        spark, pg_dsn, pg_conn, table_name, lake_root, tmp_path):
+    table = register(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 'a' FROM generate_series(1, 10) g")
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 'b' FROM generate_series(11, 5000) g")
+    killed = spark_submit_export(pg_dsn, lake_root, "--table", table_name,
+                                 env={"COLDHARBOR_CRASH_AT": "during_write"})
+    assert killed.returncode != 0, killed.stdout[-3000:]
+    folder = Path(table.lake_path(lake_root))
+    referenced = {Path(f.path).name for f in lake.snapshot(spark, str(folder)).files}
+    leftovers = data_files(folder) - referenced
+    assert leftovers, "the killed write left no file: the crash point did not fire mid-write"
+    cleanup(spark, pg_dsn, lake_root, table_name)  # inside the retention: they stay
+    assert leftovers <= data_files(folder)
+    for name in leftovers:
+        age(folder / name, 61)
+    [done] = cleanup(spark, pg_dsn, lake_root, table_name)
+    assert {Path(f).name for f in done.vacuumed_files} == leftovers
+    assert data_files(folder) == referenced
+    assert export(spark, pg_dsn, table_name, lake_root).status == "exported"
+    assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])

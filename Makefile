@@ -15,7 +15,7 @@ SPARK_SUBMIT = $(BIN)/spark-submit --master local[2] \
 	--packages $$($(BIN)/python -c 'from coldharbor.spark import maven_packages; print(",".join(maven_packages()))') \
 	--conf spark.jars.ivy=$(COLDHARBOR_IVY_DIR) --conf spark.ui.enabled=false
 
-.PHONY: run test setup stop export bench clean
+.PHONY: run test setup stop export compact cleanup bench clean
 
 run: setup                         ## start PostgreSQL, write a demo workload, export it to the lake
 	$(BIN)/python -m coldharbor.stack up
@@ -29,6 +29,12 @@ test: setup                        ## the whole test suite against real PostgreS
 
 export: setup                      ## one CDC export run over every registered table
 	set -a && . $(DATA)/coldharbor.env && set +a && $(SPARK_SUBMIT) jobs/cdc_export.py
+
+compact: setup                     ## compact every registered table's lake files (last write wins)
+	set -a && . $(DATA)/coldharbor.env && set +a && $(SPARK_SUBMIT) jobs/compact.py
+
+cleanup: setup                     ## evict, VACUUM, prune the change log (add ARGS=--dry-run to look first)
+	set -a && . $(DATA)/coldharbor.env && set +a && $(SPARK_SUBMIT) jobs/cleanup.py $(ARGS)
 
 bench: setup                       ## every benchmark, one table of ratios
 	$(BIN)/python -m bench.run_all

@@ -184,6 +184,8 @@ def _rewrite_with_retries(spark: SparkSession, table: RegisteredTable, path: str
 
 
 def _is_conflict(exc: Exception) -> bool:
+    if isinstance(exc, ConcurrentRewriteError):
+        return True
     text = str(exc)
     return any(name in text for name in ("ConcurrentAppendException", "ConcurrentDeleteReadException",
                                          "ConcurrentDeleteDeleteException", "ConcurrentTransactionException",
@@ -217,6 +219,7 @@ def _rewrite_partition(spark: SparkSession, table: RegisteredTable, path: str, p
     metadata = {"operation": OPERATION, "run_id": config.run_id, "table": table.qualified_name,
                 "partition": dict(partition), "read_version": snap.version, "max_batch_id": max_batch}
     hook("compact_before_commit")
+    _check_no_rewrites_since(spark, path, snap.version)
     writer = (out.write.format("delta").mode("overwrite")
               .option("replaceWhere", f"({where}) AND {BATCH_ID} <= {max_batch}")
               .option("userMetadata", json.dumps(metadata, sort_keys=True)))
@@ -244,6 +247,34 @@ def _rewrite_partition(spark: SparkSession, table: RegisteredTable, path: str, p
              result.bytes_after, result.rows_before, result.rows_after, result.versions_dropped,
              result.markers_dropped)
     return result
+
+
+class ConcurrentRewriteError(Exception):
+    """A commit other than a blind append landed after the version the rewrite read."""
+
+
+# Commits that leave every row the rewrite read in place: appends (exports) and table upkeep.
+_HARMLESS_OPERATIONS = {"VACUUM START", "VACUUM END", "SET TBLPROPERTIES"}
+
+
+def _check_no_rewrites_since(spark: SparkSession, path: str, version: int) -> None:
+    """Refuses to commit over a commit that removed or rewrote rows after `version`.
+
+    replaceWhere removes the matching files of the table as it is when the write starts, not as
+    the rewrite read it: a DELETE or MERGE that committed in between would be undone. Delta's
+    own conflict checks cover commits after the write starts; this covers the ones before.
+    """
+    from delta.tables import DeltaTable
+
+    latest = lake.pin_version(spark, path)
+    if latest == version:
+        return
+    history = DeltaTable.forPath(spark, path).history(latest - version).collect()
+    for entry in history:
+        if entry["version"] > version and not entry["isBlindAppend"] \
+                and entry["operation"] not in _HARMLESS_OPERATIONS:
+            raise ConcurrentRewriteError(f"version {entry['version']} "
+                                         f"({entry['operation']}) changed rows after version {version} was read")
 
 
 def _max_batch(rows: DataFrame, files: Sequence[LakeFile]) -> int:

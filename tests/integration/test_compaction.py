@@ -234,3 +234,50 @@ def test_below_threshold_does_nothing_and_second_run_is_idempotent(spark, pg_dsn
 def test_thresholds_that_make_no_sense_are_refused(lake_root, overrides, message):
     with pytest.raises(ConfigError, match=message):
         config(lake_root, **overrides)
+
+
+def _delete_once_at_commit(spark, path: str):
+    """A hook that, the first time compaction is about to commit, lets a DELETE commit first: it
+    removes a file the compaction read, which Delta reports as a concurrent modification."""
+    fired = []
+
+    def hook(point: str) -> None:
+        if point == "compact_before_commit" and not fired:
+            fired.append(point)
+            DeltaTable.forPath(spark, path).delete("id = 1")
+    return hook
+
+
+def test_a_concurrent_commit_is_retried_from_a_fresh_plan(spark, pg_dsn, pg_conn, table_name, lake_root):
+    table = register(pg_conn, table_name)
+    path = table.lake_path(lake_root)
+    write_batches(spark, path, {b: [lake_row(i, f"b{b}", b * 10 + i, b) for i in range(1, 4)] for b in (1, 2, 3)})
+    result = compact(spark, pg_dsn, table, lake_root, hook=_delete_once_at_commit(spark, path))
+    [part] = result.partitions
+    assert (result.status, part.status, part.attempts) == ("compacted", "compacted", 2)
+    assert all_rows(spark, path) == [(2, "b3", 32, 3, False), (3, "b3", 33, 3, False)]
+
+
+def test_a_run_that_loses_every_attempt_gives_up_and_changes_nothing(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                                     caplog):
+    table = register(pg_conn, table_name)
+    path = table.lake_path(lake_root)
+    write_batches(spark, path, {b: [lake_row(i, f"b{b}", b * 10 + i, b) for i in range(1, 4)] for b in (1, 2, 3)})
+    result = compact(spark, pg_dsn, table, lake_root, hook=_delete_once_at_commit(spark, path), max_attempts=1)
+    assert (result.status, result.partitions[0].status) == ("gave_up", "gave_up")
+    assert "gave up after 1 attempts" in caplog.text
+    assert [h.operation for h in DeltaTable.forPath(spark, path).history().collect()][0] == "DELETE"
+    assert len(all_rows(spark, path)) == 6  # 9 versions minus key 1's three, none compacted away
+    state = pg_conn.execute("SELECT state FROM coldharbor.maintenance_runs WHERE table_id = %s AND kind = 'compact'",
+                            (table.table_id,)).fetchone()[0]
+    assert state == "failed"
+
+
+def test_compacting_an_unregistered_table_is_refused(pg_dsn, lake_root, monkeypatch, caplog):
+    from coldharbor.compaction import main
+
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    assert main(["--table", "public.not_registered", "--lake-root", lake_root]) == 2
+    assert "not registered" in caplog.text
+    assert main(["--lake-root", lake_root, "--min-small-files", "1"]) == 2
+    assert "min small files must be at least 2" in caplog.text

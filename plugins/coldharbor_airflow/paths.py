@@ -1,0 +1,11 @@
+"""Where the project's jobs live, seen from the Airflow processes (overridable for a deployment
+whose jobs are somewhere else, e.g. a container image)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROJECT_DIR = Path(os.environ.get("COLDHARBOR_PROJECT_DIR", Path(__file__).resolve().parents[2]))
+JOBS_DIR = PROJECT_DIR / "jobs"
+REPORTS_DIR = Path(os.environ.get("COLDHARBOR_REPORTS_DIR", PROJECT_DIR / "sql" / "reports"))

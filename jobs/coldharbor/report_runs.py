@@ -37,14 +37,16 @@ def start(conn: psycopg.Connection, run: RunRecord) -> None:
 
 
 def _figures(run: RunRecord) -> Mapping[str, object]:
-    return {"run_id": run.run_id, "degraded": run.degraded, "missing_tier": run.missing_tier,
+    return {"run_id": run.run_id, "target": run.target, "sink": run.sink, "as_of": run.as_of,
+            "degraded": run.degraded, "missing_tier": run.missing_tier,
             "stale_since": run.stale_since, "detail": run.detail, "pg_snapshot_at": run.pg_snapshot_at,
             "lake_versions": json.dumps(run.lake_versions), "dirty_rows": json.dumps(run.dirty_rows),
             "row_count": run.row_count}
 
 
 _FINISH = """UPDATE coldharbor.report_runs
-                SET state = %(state)s, degraded = %(degraded)s, missing_tier = %(missing_tier)s,
+                SET state = %(state)s, target = %(target)s, sink = %(sink)s, as_of = %(as_of)s,
+                    degraded = %(degraded)s, missing_tier = %(missing_tier)s,
                     stale_since = %(stale_since)s, detail = %(detail)s, pg_snapshot_at = %(pg_snapshot_at)s,
                     lake_versions = %(lake_versions)s::jsonb, dirty_rows = %(dirty_rows)s::jsonb,
                     row_count = %(row_count)s, error = %(error)s, finished_at = clock_timestamp()

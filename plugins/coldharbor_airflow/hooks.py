@@ -52,3 +52,18 @@ class ColdharborHook(BaseHook):
                                 WHERE b.table_id = t.table_id AND b.state = 'pending')
                  ORDER BY t.table_id""").fetchall()
         return [r[0] for r in rows]
+
+    def tables_needing_compaction(self, min_new_batches: int) -> list[str]:
+        """Tables with at least `min_new_batches` exports since their last successful compaction (a
+        cheap proxy for "enough new small files"; the job checks the real file counts)."""
+        with self.connect() as conn:
+            rows = conn.execute("""
+                SELECT t.schema_name || '.' || t.table_name
+                  FROM coldharbor.tables t
+                 WHERE (SELECT count(*) FROM coldharbor.export_batches b
+                         WHERE b.table_id = t.table_id AND b.state = 'flushed'
+                           AND b.finished_at > coalesce((SELECT max(m.finished_at) FROM coldharbor.maintenance_runs m
+                                                          WHERE m.table_id = t.table_id AND m.kind = 'compact'
+                                                            AND m.state = 'succeeded'), '-infinity')) >= %s
+                 ORDER BY t.table_id""", (min_new_batches,)).fetchall()
+        return [r[0] for r in rows]

@@ -30,7 +30,7 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "job_args", "lake_root")
 
-    def __init__(self, *, job: str, job_args: list[str] | None = None, lake_root: str | None = None,
+    def __init__(self, *, job: str, job_args: list[str] | str | None = None, lake_root: str | None = None,
                  coldharbor_conn_id: str = DEFAULT_CONN_ID, spark_conn_id: str = "spark_default",
                  **kwargs: Any) -> None:
         if job not in JOBS:
@@ -38,7 +38,8 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
         kwargs.setdefault("name", f"coldharbor-{job.removesuffix('.py')}")
         super().__init__(application=str(JOBS_DIR / job), conn_id=spark_conn_id, **kwargs)
         self.job = job
-        self.job_args = list(job_args or [])
+        # A list, or a template that renders to one (render_template_as_native_obj DAGs).
+        self.job_args = job_args if isinstance(job_args, str) else list(job_args or [])
         self.lake_root = lake_root
         self.coldharbor_conn_id = coldharbor_conn_id
 

@@ -1,0 +1,59 @@
+"""coldharbor_compaction and coldharbor_cleanup: lake maintenance on their own schedules.
+
+Compaction runs hourly, and also as soon as exports have updated the lake asset; either way it
+compacts only the tables with enough exports since their last compaction (the job then checks
+the actual small files). Cleanup (eviction, VACUUM, change-log pruning, run expiry) runs daily.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import Asset, dag, task
+from airflow.timetables.assets import AssetOrTimeSchedule
+from airflow.timetables.trigger import CronTriggerTimetable
+from coldharbor_airflow.operators import ColdharborSparkJobOperator
+from coldharbor_common import SPARK_POOL, START, default_args
+
+LAKE_EXPORTS = Asset("coldharbor://lake/exports")
+MIN_NEW_EXPORTS = 30  # about half an hour of per-minute exports
+
+
+@dag(
+    dag_id="coldharbor_compaction",
+    schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("17 * * * *", timezone="UTC"), assets=LAKE_EXPORTS),
+    start_date=START,
+    catchup=False,
+    max_active_runs=1,
+    default_args=default_args(timeout=timedelta(hours=1)),
+    tags=["coldharbor", "maintenance"],
+    doc_md=__doc__,
+)
+def coldharbor_compaction():
+    @task(execution_timeout=timedelta(minutes=1))
+    def tables_to_compact() -> list[list[str]]:
+        from coldharbor_airflow.hooks import ColdharborHook
+
+        return [["--table", name] for name in ColdharborHook().tables_needing_compaction(MIN_NEW_EXPORTS)]
+
+    ColdharborSparkJobOperator.partial(
+        task_id="compact", job="compact.py", pool=SPARK_POOL, map_index_template="{{ task.job_args[1] }}",
+    ).expand(job_args=tables_to_compact())
+
+
+@dag(
+    dag_id="coldharbor_cleanup",
+    schedule="43 3 * * *",
+    start_date=START,
+    catchup=False,
+    max_active_runs=1,
+    default_args=default_args(timeout=timedelta(hours=2)),
+    tags=["coldharbor", "maintenance"],
+    doc_md=__doc__,
+)
+def coldharbor_cleanup():
+    ColdharborSparkJobOperator(task_id="cleanup", job="cleanup.py", pool=SPARK_POOL)
+
+
+coldharbor_compaction()
+coldharbor_cleanup()

@@ -1,0 +1,47 @@
+"""One DAG per report file in sql/reports/, scheduled as its header says.
+
+catchup is on: a backfill of a past interval serves that interval's report as of the interval's
+end (an as-of read: equal to PostgreSQL at that time). A run whose interval end is not in the lake
+yet fails and is retried after the next export.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import Param, dag
+from coldharbor_airflow.operators import ColdharborSparkJobOperator
+from coldharbor_airflow.reports import param_default, param_schema, report_specs
+from coldharbor_common import SPARK_POOL, START, default_args
+
+
+def report_dag(spec):
+    params = {p.name: Param(param_default(p.type, p.default), **param_schema(p.type),
+                            description=f"{p.type}" + ("" if p.default is not None else " (required)"))
+              for p in spec.params}
+    args = ["--report", spec.name, "--run-id", "{{ dag.dag_id }}-{{ run_id }}",
+            "--as-of", "{{ data_interval_end.isoformat() }}"]
+    for p in spec.params:
+        args += ["--param", f"{p.name}={{{{ params.{p.name} }}}}"]
+
+    @dag(
+        dag_id=f"coldharbor_report_{spec.name}",
+        schedule=spec.schedule,
+        start_date=START,
+        catchup=True,
+        max_active_runs=1,
+        params=params,
+        default_args={**default_args(timeout=timedelta(minutes=30), retries=3),
+                      "retry_delay": timedelta(seconds=60)},
+        tags=["coldharbor", "report"],
+        doc_md=f"Report **{spec.name}** into {spec.sink} target `{spec.target}` (from `{spec.source}`).\n\n"
+               f"```sql\n{spec.sql}\n```",
+    )
+    def serve():
+        ColdharborSparkJobOperator(task_id="serve", job="serve_report.py", job_args=args, pool=SPARK_POOL)
+
+    return serve()
+
+
+for _spec in report_specs():
+    report_dag(_spec)

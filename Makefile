@@ -15,7 +15,7 @@ SPARK_SUBMIT = $(BIN)/spark-submit --master local[2] \
 	--packages $$($(BIN)/python -c 'from coldharbor.spark import maven_packages; print(",".join(maven_packages()))') \
 	--conf spark.jars.ivy=$(COLDHARBOR_IVY_DIR) --conf spark.ui.enabled=false
 
-.PHONY: run test setup stop export compact cleanup bench clean
+.PHONY: run test setup browser stop export compact cleanup bench clean
 
 run: setup                         ## start PostgreSQL, write a demo workload, export it to the lake
 	$(BIN)/python -m coldharbor.stack up
@@ -24,7 +24,7 @@ run: setup                         ## start PostgreSQL, write a demo workload, e
 	@echo "Coldharbor is running: PostgreSQL on 127.0.0.1 (settings in data/coldharbor.env), lake in data/lake."
 	@echo "Export again with 'make export'; stop with 'make stop'."
 
-test: setup                        ## the whole test suite against real PostgreSQL and Spark + Delta
+test: setup browser                ## the whole test suite against real PostgreSQL and Spark + Delta
 	$(BIN)/python -m pytest
 
 export: setup                      ## one CDC export run over every registered table
@@ -43,6 +43,12 @@ stop:                              ## stop what `make run` started
 	-$(BIN)/python -m coldharbor.stack down
 
 setup: $(VENV)/.installed $(DATA)/ivy/.fetched
+
+browser:                           ## Debian's Chromium, for the health-page test in a real browser
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	  else echo "the health-page test needs Chromium: install Debian's chromium package (as root)"; exit 1; fi; }
 
 $(VENV)/.installed: requirements.txt
 	@command -v java >/dev/null || { echo "Java 17+ is required (java not found on PATH)"; exit 1; }

@@ -67,3 +67,38 @@ class ColdharborHook(BaseHook):
                                                             AND m.state = 'succeeded'), '-infinity')) >= %s
                  ORDER BY t.table_id""", (min_new_batches,)).fetchall()
         return [r[0] for r in rows]
+
+    def health(self, recent_runs: int = 10) -> dict[str, Any]:
+        """The figures of the health page, per table and for recent report runs, from PostgreSQL."""
+        with self.connect() as conn:
+            cur = conn.execute("""
+                SELECT t.table_id, t.schema_name || '.' || t.table_name AS name, t.lake_location,
+                       d.dirty_rows, extract(epoch FROM now() - d.oldest_dirty) AS freshness_lag_s,
+                       e.batch_id AS last_batch, e.finished_at AS last_export_at, e.lake_version AS last_export_version,
+                       e.row_count AS last_export_rows,
+                       c.finished_at AS last_compaction_at, c.state AS last_compaction_state,
+                       c.detail AS last_compaction_detail,
+                       k.finished_at AS last_cleanup_at, k.state AS last_cleanup_state
+                  FROM coldharbor.tables t
+                  LEFT JOIN LATERAL (SELECT count(*) AS dirty_rows, min(created_at) AS oldest_dirty
+                                       FROM coldharbor.change_log
+                                      WHERE table_id = t.table_id AND flushed_at IS NULL) d ON true
+                  LEFT JOIN LATERAL (SELECT batch_id, finished_at, lake_version, row_count
+                                       FROM coldharbor.export_batches
+                                      WHERE table_id = t.table_id AND state = 'flushed'
+                                      ORDER BY batch_id DESC LIMIT 1) e ON true
+                  LEFT JOIN LATERAL (SELECT finished_at, state, detail FROM coldharbor.maintenance_runs
+                                      WHERE table_id = t.table_id AND kind = 'compact'
+                                      ORDER BY started_at DESC LIMIT 1) c ON true
+                  LEFT JOIN LATERAL (SELECT finished_at, state FROM coldharbor.maintenance_runs
+                                      WHERE table_id = t.table_id AND kind = 'cleanup'
+                                      ORDER BY started_at DESC LIMIT 1) k ON true
+                 ORDER BY t.table_id""")
+            names = [d.name for d in cur.description]
+            tables = [dict(zip(names, row)) for row in cur.fetchall()]
+            cur = conn.execute("""SELECT run_id, report, target, mode, state, degraded, as_of, row_count,
+                                         started_at, finished_at, error
+                                    FROM coldharbor.report_runs ORDER BY started_at DESC LIMIT %s""", (recent_runs,))
+            names = [d.name for d in cur.description]
+            runs = [dict(zip(names, row)) for row in cur.fetchall()]
+        return {"tables": tables, "report_runs": runs}

@@ -17,12 +17,8 @@ SPARK_SUBMIT = $(BIN)/spark-submit --master local[2] \
 
 .PHONY: run test setup browser stop export compact cleanup bench clean
 
-run: setup                         ## start PostgreSQL, write a demo workload, export it to the lake
-	$(BIN)/python -m coldharbor.stack up
-	$(BIN)/python -m coldharbor.stack demo
-	set -a && . $(DATA)/coldharbor.env && set +a && $(SPARK_SUBMIT) jobs/cdc_export.py
-	@echo "Coldharbor is running: PostgreSQL on 127.0.0.1 (settings in data/coldharbor.env), lake in data/lake."
-	@echo "Export again with 'make export'; stop with 'make stop'."
+run: setup                         ## the service on its embedded defaults: PostgreSQL, a live demo table, Airflow
+	$(BIN)/python -m coldharbor.service start
 
 test: setup browser                ## the whole test suite against real PostgreSQL and Spark + Delta
 	$(BIN)/python -m pytest
@@ -39,8 +35,8 @@ cleanup: setup                     ## evict, VACUUM, prune the change log (add A
 bench: setup                       ## every benchmark, one table of ratios
 	$(BIN)/python -m bench.run_all
 
-stop:                              ## stop what `make run` started
-	-$(BIN)/python -m coldharbor.stack down
+stop:                              ## stop every process `make run` started (by process group)
+	-$(BIN)/python -m coldharbor.service stop
 
 setup: $(VENV)/.installed $(DATA)/ivy/.fetched
 

@@ -37,6 +37,8 @@ def coldharbor_cdc():
 
     ColdharborSparkJobOperator.partial(
         task_id="export", job="cdc_export.py", pool=SPARK_POOL, outlets=[LAKE_EXPORTS],
+        # Freshness first: an export takes the Spark pool's next slot ahead of reports and maintenance.
+        priority_weight=100, weight_rule="absolute",
         map_index_template="{{ task.job_args[1] }}",
     ).expand(job_args=tables_to_export())
 

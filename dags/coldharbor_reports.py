@@ -1,13 +1,15 @@
 """One DAG per report file in sql/reports/, scheduled as its header says.
 
-catchup is on: a backfill of a past interval serves that interval's report as of the interval's
-end (an as-of read: equal to PostgreSQL at that time). A run whose interval end is not in the lake
-yet fails and is retried after the next export.
+Every run serves its interval's report as of the interval's end (an as-of read: equal to
+PostgreSQL at that time), so a backfill of a past interval gives that interval's report. With a
+`start:` in the header the DAG catches up every interval from then (keep it inside the history
+window); without one it runs forward only. A run whose interval end is not in the lake yet
+fails and is retried after the next export.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, time, timedelta, timezone
 
 from airflow.sdk import Param, dag
 from coldharbor_airflow.operators import ColdharborSparkJobOperator
@@ -27,8 +29,8 @@ def report_dag(spec):
     @dag(
         dag_id=f"coldharbor_report_{spec.name}",
         schedule=spec.schedule,
-        start_date=START,
-        catchup=True,
+        start_date=datetime.combine(spec.start, time(), timezone.utc) if spec.start else START,
+        catchup=spec.start is not None,
         max_active_runs=1,
         params=params,
         default_args={**default_args(timeout=timedelta(minutes=30), retries=3),

@@ -4,6 +4,7 @@
     -- target: reports.orders_by_status  (reports.<name>; Delta: the report's folder under the lake)
     -- sink: postgres                    (postgres | delta)
     -- schedule: @hourly                 (cron or preset; none = run on demand only)
+    -- start: 2026-11-22                 (catch up every interval from this date; absent: forward only)
     -- param: min_amount decimal(12,2) = 0
     SELECT status, count(*) AS orders FROM demo_orders WHERE amount >= :min_amount GROUP BY status
 
@@ -107,6 +108,7 @@ class ReportSpec:
     schedule: str | None = None
     params: tuple[ParamSpec, ...] = field(default_factory=tuple)
     source: str | None = None        # file it came from; None for ad-hoc SQL
+    start: date | None = None        # first interval a schedule catches up from (None: forward only)
 
     def bind(self, raw: Mapping[str, str]) -> dict[str, object]:
         """Typed values for every declared parameter; unknown or missing ones are refused."""
@@ -164,11 +166,11 @@ def parse_report(text: str, default_name: str, source: str | None = None) -> Rep
             key, value = match[1], match[2]
             if key == "param":
                 params.append(parse_param(value))
-            elif key in ("report", "target", "sink", "schedule", "description"):
+            elif key in ("report", "target", "sink", "schedule", "description", "start"):
                 header[key] = value
             else:
                 raise ReportError(f"{source or default_name}: unknown header '{key}' "
-                                  "(known: report, target, sink, schedule, param, description)")
+                                  "(known: report, target, sink, schedule, start, param, description)")
         elif line.strip() or body:
             body.append(line)
     name = check_name("report name", header.get("report", default_name))
@@ -178,7 +180,11 @@ def parse_report(text: str, default_name: str, source: str | None = None) -> Rep
     if len({p.name for p in params}) != len(params):
         raise ReportError(f"report {name}: a parameter is declared twice")
     schedule = header.get("schedule") or None
-    return ReportSpec(name=name, sql="\n".join(body).strip(), target=target_name(header.get("target", name)),
+    try:
+        start = date.fromisoformat(header["start"]) if header.get("start") else None
+    except ValueError:
+        raise ReportError(f"report {name}: start {header['start']!r} is not a date (YYYY-MM-DD)") from None
+    return ReportSpec(start=start, name=name, sql="\n".join(body).strip(), target=target_name(header.get("target", name)),
                       sink=sink, schedule=None if schedule == "none" else schedule, params=tuple(params),
                       source=source)
 

@@ -24,12 +24,26 @@ def dagbag():
     return DagBag(dag_folder=str(PROJECT / "dags"))
 
 
-def test_report_dags_follow_their_headers(airflow_home):
+def use_reports(monkeypatch, folder):
+    """Point the DAG file and the jobs at a folder of report files."""
+    import coldharbor_airflow.paths as paths
+    import coldharbor_airflow.reports as report_module
+
+    monkeypatch.setenv("COLDHARBOR_REPORTS_DIR", str(folder))
+    monkeypatch.setattr(paths, "REPORTS_DIR", folder)
+    monkeypatch.setattr(report_module, "REPORTS_DIR", folder)
+
+
+def test_report_dags_follow_their_headers(airflow_home, tmp_path, monkeypatch):
     bag = dagbag()
     status = bag.dags["coldharbor_report_demo_orders_by_status"]
-    assert status.schedule == "*/5 * * * *" and status.catchup is True
+    assert status.schedule == "*/5 * * * *" and status.catchup is False  # no start: forward only
     assert status.params["min_amount"] == "0"
     assert bag.dags["coldharbor_report_demo_top_customers"].schedule == "@hourly"
+    (tmp_path / "daily.sql").write_text("-- schedule: @daily\n-- start: 2026-11-20\nSELECT 1 AS x FROM t\n")
+    use_reports(monkeypatch, tmp_path)
+    daily = dagbag().dags["coldharbor_report_daily"]
+    assert daily.catchup is True and daily.start_date.isoformat() == "2026-11-20T00:00:00+00:00"
 
 
 @pytest.mark.parametrize("conf, message", [
@@ -64,14 +78,8 @@ def test_a_backfilled_interval_is_served_as_of_its_end(airflow_home, spark, pg_d
     reports.mkdir()
     name = f"r_{table_name}"
     (reports / f"{name}.sql").write_text(REPORT.format(name=name, table=table_name))
-    monkeypatch.setenv("COLDHARBOR_REPORTS_DIR", str(reports))
+    use_reports(monkeypatch, reports)
     monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", lake_root)
-    import coldharbor_airflow.paths as paths
-
-    monkeypatch.setattr(paths, "REPORTS_DIR", reports)
-    import coldharbor_airflow.reports as report_module
-
-    monkeypatch.setattr(report_module, "REPORTS_DIR", reports)
 
     pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
     pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))

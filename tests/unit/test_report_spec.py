@@ -94,3 +94,13 @@ def test_two_files_with_one_report_name_are_refused(tmp_path: Path):
     (tmp_path / "b.sql").write_text("-- report: same\nSELECT 2")
     with pytest.raises(ReportError, match="two report files define report same"):
         load_reports(tmp_path)
+
+
+def test_a_start_date_makes_the_schedule_catch_up_and_a_bad_one_is_refused():
+    from datetime import date
+
+    spec = parse_report("-- schedule: @daily\n-- start: 2026-11-20\nSELECT 1 AS x FROM t", "r")
+    assert spec.start == date(2026, 11, 20)
+    assert parse_report("SELECT 1 AS x FROM t", "r").start is None
+    with pytest.raises(ReportError, match="start 'yesterday' is not a date"):
+        parse_report("-- start: yesterday\nSELECT 1 AS x FROM t", "r")

@@ -1,0 +1,164 @@
+"""The service on its embedded defaults, on one machine:
+
+    python -m coldharbor.service start    PostgreSQL, sql/, a demo table fed by a live workload, and
+                                         Airflow standalone (LocalExecutor, API on 127.0.0.1) with
+                                         the DAGs unpaused; prints the URL and where the login is
+    python -m coldharbor.service stop     ends every process `start` began, by process group
+    python -m coldharbor.service workload (internal) the demo workload: a few writes every seconds
+
+Everything lives under data/: PostgreSQL in data/pg, the lake in data/lake, Airflow in
+data/airflow, the process groups in data/service.json, the logs in data/logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from coldharbor import pg, settings, stack
+
+log = logging.getLogger(__name__)
+
+AIRFLOW_HOME = settings.DATA_DIR / "airflow"
+STATE_FILE = settings.DATA_DIR / "service.json"
+LOG_DIR = settings.DATA_DIR / "logs"
+API_PORT = int(os.environ.get("COLDHARBOR_AIRFLOW_PORT", "8080"))
+BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 300
+
+
+def airflow_env(dsn: str) -> dict[str, str]:
+    """Airflow's settings for the embedded service; the connections carry the credentials."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(dsn)
+    project = settings.PROJECT_DIR
+    return {
+        **os.environ,
+        "AIRFLOW_HOME": str(AIRFLOW_HOME),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(project / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(project / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(API_PORT),
+        "AIRFLOW_CONN_COLDHARBOR_PG": json.dumps({
+            "conn_type": "postgres", "host": params.get("host"), "port": int(params.get("port", 5432)),
+            "login": params.get("user"), "password": params.get("password"), "schema": params.get("dbname")}),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]",
+                                                  "extra": {"deploy-mode": "client"}}),
+        settings.LAKE_ROOT_ENV: str(settings.DATA_DIR / "lake"),
+        "PYTHONPATH": os.pathsep.join([str(project / "plugins"), str(project / "jobs")]),
+        "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")]),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+
+
+def _spawn(name: str, command: list[str], env: dict[str, str]) -> int:
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    with open(LOG_DIR / f"{name}.log", "a") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return process.pid  # its own session: the pid is the process group
+
+
+def _wait_for_api(deadline: float) -> None:
+    url = f"http://127.0.0.1:{API_PORT}/api/v2/monitor/health"
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=5)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"Airflow did not answer on {url} within {START_TIMEOUT_S}s; see "
+                                 f"{LOG_DIR / 'airflow.log'}") from None
+            time.sleep(2)
+
+
+def start() -> None:
+    if STATE_FILE.exists():
+        stop()  # a previous start's processes: never two of each
+    dsn = stack.up()
+    stack.demo(dsn, rows=200)
+    env = airflow_env(dsn)
+    AIRFLOW_HOME.mkdir(parents=True, exist_ok=True)
+    subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([str(BIN / "airflow"), "pools", "set", "coldharbor_spark", "1", "Coldharbor Spark jobs"],
+                   env=env, check=True, stdout=subprocess.DEVNULL)
+    groups = {"workload": _spawn("workload", [sys.executable, "-m", "coldharbor.service", "workload"],
+                                 {**env, settings.PG_DSN_ENV: dsn}),
+              "airflow": _spawn("airflow", [str(BIN / "airflow"), "standalone"], env)}
+    STATE_FILE.write_text(json.dumps(groups))
+    _wait_for_api(time.monotonic() + START_TIMEOUT_S)
+    print(f"Coldharbor is running: Airflow at http://127.0.0.1:{API_PORT} "
+          f"(health page: http://127.0.0.1:{API_PORT}/coldharbor/health)")
+    print(f"login: user 'admin', password in {AIRFLOW_HOME / 'simple_auth_manager_passwords.json.generated'}")
+    print(f"PostgreSQL settings in {stack.ENV_FILE}; logs in {LOG_DIR}; stop with 'make stop'")
+
+
+def stop() -> None:
+    groups = json.loads(STATE_FILE.read_text()) if STATE_FILE.exists() else {}
+    for name, pgid in groups.items():
+        _end_group(name, pgid)
+    STATE_FILE.unlink(missing_ok=True)
+    stack.server().stop()
+
+
+def _end_group(name: str, pgid: int, grace_s: float = 30.0) -> None:
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            log.info("stopped %s (process group %s)", name, pgid)
+            return
+        time.sleep(0.5)
+    os.killpg(pgid, signal.SIGKILL)
+    log.warning("%s (process group %s) ignored SIGTERM for %ss: killed", name, pgid, grace_s)
+
+
+def workload(dsn: str, every_s: float = 3.0) -> None:
+    """A few inserts, updates and deletes on the demo table every few seconds, until stopped."""
+    with pg.connect(dsn) as conn:
+        while True:
+            top = conn.execute("SELECT coalesce(max(order_id), 0) FROM public.demo_orders").fetchone()[0]
+            with conn.transaction():
+                conn.execute("""INSERT INTO public.demo_orders (order_id, customer, amount, status)
+                                SELECT %s + g, 'customer-' || (g %% 50), round((random() * 500)::numeric, 2), 'new'
+                                  FROM generate_series(1, 5) g""", (top,))
+                conn.execute("UPDATE public.demo_orders SET status = 'paid', updated_at = now() "
+                             "WHERE order_id = %s", (random.randint(1, top + 5),))
+                conn.execute("DELETE FROM public.demo_orders WHERE order_id = %s", (random.randint(1, top + 5),))
+            time.sleep(every_s)
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(prog="python -m coldharbor.service", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["start", "stop", "workload"])
+    args = parser.parse_args(argv)
+    if args.command == "start":
+        start()
+    elif args.command == "stop":
+        stop()
+    else:
+        workload(settings.pg_dsn())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

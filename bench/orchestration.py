@@ -33,6 +33,7 @@ def _spark_submit_export(dsn: str, lake_root: str) -> tuple[float, float]:
                "--conf", "spark.ui.enabled=false", str(settings.PROJECT_DIR / "jobs" / "cdc_export.py"),
                "--lake-root", lake_root]
     env = {**os.environ, settings.PG_DSN_ENV: dsn, "SPARK_LOCAL_IP": "127.0.0.1",
+           "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
            "PYTHONPATH": str(settings.PROJECT_DIR / "jobs")}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()

@@ -160,16 +160,18 @@ def _compact(spark: SparkSession, table: RegisteredTable, config: CompactionConf
                  table.qualified_name, len(snap.files), len(partitions_of(snap)), snap.version,
                  config.min_small_files)
         return TableResult(table.qualified_name, "nothing_to_do")
-    results = [_rewrite_with_retries(spark, table, path, partition, config, hook) for partition in todo]
+    results = [_rewrite_with_retries(spark, table, path, partition, config, hook, snap) for partition in todo]
     status = "gave_up" if any(r.status == "gave_up" for r in results) else "compacted"
     return TableResult(table.qualified_name, status, results)
 
 
 def _rewrite_with_retries(spark: SparkSession, table: RegisteredTable, path: str, partition: tuple,
-                          config: CompactionConfig, hook: faults.Hook) -> PartitionResult:
+                          config: CompactionConfig, hook: faults.Hook, planned: LakeSnapshot) -> PartitionResult:
     for attempt in range(1, config.max_attempts + 1):
+        # The first attempt reads the version it was planned on; a retry plans again from the latest.
+        snap = planned if attempt == 1 else lake.snapshot(spark, path)
         try:
-            result = _rewrite_partition(spark, table, path, partition, config, hook)
+            result = _rewrite_partition(spark, table, path, partition, snap, config, hook)
             result.attempts = attempt
             return result
         except Exception as exc:
@@ -194,8 +196,7 @@ def _is_conflict(exc: Exception) -> bool:
 
 
 def _rewrite_partition(spark: SparkSession, table: RegisteredTable, path: str, partition: tuple,
-                       config: CompactionConfig, hook: faults.Hook) -> PartitionResult:
-    snap = lake.snapshot(spark, path)  # a fresh plan on every attempt
+                       snap: LakeSnapshot, config: CompactionConfig, hook: faults.Hook) -> PartitionResult:
     files = partitions_of(snap).get(partition, [])
     result = PartitionResult(dict(partition), "below_threshold", files_before=len(files),
                              bytes_before=sum(f.size for f in files), read_version=snap.version)

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 
 from coldharbor import lake, maintenance_runs, pg, purge_predicate, registry, settings
 from coldharbor.cleanup import DELTA_GUARD_HOURS, check_retention, vacuum_files
-from coldharbor.errors import ConfigError, TableBusyError
+from coldharbor.errors import LakeUnavailableError, TableBusyError
 from coldharbor.job_main import run_job
 from coldharbor.lake_rows import DELETED, latest_per_key
 from coldharbor.purge_predicate import Predicate
@@ -156,7 +156,7 @@ def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], 
         spark.conf.unset("spark.databricks.delta.commitInfo.userMetadata")
     entry = lake.find_commit_entry(spark, path, {"operation": "coldharbor-purge", "run_id": config.run_id})
     if entry is None:
-        raise ConfigError(f"the purge commit of {path} is not in its Delta history")
+        raise LakeUnavailableError(f"the purge commit of {path} is not in its Delta history")
     return int(entry["metrics"].get("numTargetRowsDeleted", 0)), entry["version"]
 
 

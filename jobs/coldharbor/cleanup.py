@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 
@@ -30,6 +28,7 @@ from coldharbor import lake, maintenance_runs, pg, registry, settings
 from coldharbor.errors import ConfigError, LakeUnavailableError
 from coldharbor.job_main import run_job
 from coldharbor.registry import RegisteredTable
+from coldharbor.spark import temporary_conf
 
 log = logging.getLogger(__name__)
 
@@ -132,22 +131,6 @@ def evict(conn: psycopg.Connection, table: RegisteredTable, dry_run: bool) -> in
         return conn.execute("SELECT coldharbor.evict(%s, %s, %s)", (table.table_id, cutoff, dry_run)).fetchone()[0]
 
 
-@contextmanager
-def _conf(spark: SparkSession, values: dict[str, str]) -> Iterator[None]:
-    """Session settings for the duration of one call, restored afterwards."""
-    previous = {key: spark.conf.get(key, None) for key in values}
-    try:
-        for key, value in values.items():
-            spark.conf.set(key, value)
-        yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
-
-
 def vacuum(spark: SparkSession, path: str, config: CleanupConfig) -> list[str]:
     """Delta VACUUM at the configured retention; returns the files removed (or, dry, that would be)."""
     return vacuum_files(spark, path, config.retention, dry_run=config.dry_run, align_untracked=True)
@@ -171,7 +154,7 @@ def vacuum_files(spark: SparkSession, path: str, retention: timedelta, *, dry_ru
         values["spark.databricks.delta.retentionDurationCheck.enabled"] = "false"
     table_ref = "delta.`" + path.replace("`", "``") + "`"
     try:
-        with _conf(spark, values):
+        with temporary_conf(spark, values):
             if align_untracked and not dry_run:
                 _align_retention_property(spark, table_ref, retention)
             listed = [r[0] for r in spark.sql(f"VACUUM {table_ref} RETAIN {hours} HOURS DRY RUN").collect()]

@@ -13,20 +13,19 @@ import argparse
 import logging
 import sys
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
 from coldharbor import batches, faults, hot_reader, lake, pg, registry, settings
 from coldharbor.errors import LakeUnavailableError
 from coldharbor.job_main import run_job
 from coldharbor.lake_rows import CHANGE_IDS, OLDEST_CHANGE_AT, to_lake_rows
-from coldharbor.registry import LakeColumn, RegisteredTable
+from coldharbor.registry import RegisteredTable
+from coldharbor.unified import table_contract
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,8 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
             return TableResult(table.qualified_name, "clean", recovered_batches=recovered)
         columns = registry.lake_columns(conn, table)
         lake.ensure_writable(spark, path)
-        change = lake.schema_change(spark, path, lake_schema(spark, columns), table.qualified_name)
+        change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
+                                    table.qualified_name)
         if change.added or change.dropped:
             log.warning("%s: columns added in PostgreSQL: %s (the lake table gains them, NULL in older rows); "
                         "dropped: %s (the lake keeps them, NULL in new rows)", table.qualified_name,
@@ -118,12 +118,6 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         hook("after_mark")
         _log_batch(table, batch, version, marked)
         return TableResult(table.qualified_name, "exported", batch.batch_id, row_count, marked, version, recovered)
-
-
-def lake_schema(spark: SparkSession, columns: Sequence[LakeColumn]) -> StructType:
-    """The schema the batch's lake rows will have, without reading a row."""
-    empty = spark.range(0).select(*[F.lit(None).cast(c.lake_type).alias(c.name) for c in columns])
-    return empty.schema
 
 
 def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str) -> int:

@@ -91,13 +91,7 @@ def schema_change(spark: SparkSession, path: str, wanted: StructType, table: str
 def find_batch_commit(spark: SparkSession, path: str, app_id: str, batch_id: int,
                       depth: int = COMMIT_SEARCH_DEPTH) -> int | None:
     """The Delta version whose commit metadata names this batch, or None if it never committed."""
-    return find_commit(spark, path, {"app_id": app_id, "batch_id": batch_id}, depth)
-
-
-def find_commit(spark: SparkSession, path: str, metadata: Mapping[str, object],
-                depth: int = COMMIT_SEARCH_DEPTH) -> int | None:
-    """The newest Delta version whose userMetadata (JSON) holds all of `metadata`, or None."""
-    return (find_commit_entry(spark, path, metadata, depth) or {}).get("version")
+    return (find_commit_entry(spark, path, {"app_id": app_id, "batch_id": batch_id}, depth) or {}).get("version")
 
 
 def find_commit_entry(spark: SparkSession, path: str, metadata: Mapping[str, object],

@@ -9,9 +9,6 @@ from datetime import datetime, timezone
 
 import psycopg
 
-KINDS = ("compact", "cleanup", "purge")
-
-
 def new_run_id(kind: str) -> str:
     return f"{kind}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
 

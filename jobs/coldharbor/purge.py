@@ -36,6 +36,7 @@ from coldharbor.job_main import run_job
 from coldharbor.lake_rows import DELETED, latest_per_key
 from coldharbor.purge_predicate import Predicate
 from coldharbor.registry import LakeColumn, RegisteredTable
+from coldharbor.spark import temporary_conf
 
 log = logging.getLogger(__name__)
 
@@ -146,14 +147,11 @@ def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], 
     source = spark.createDataFrame(keys, key_schema)
     on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in key_names)
     metadata = json.dumps({"operation": "coldharbor-purge", "run_id": config.run_id, "predicate": predicate.text})
-    spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", metadata)
-    try:
+    with temporary_conf(spark, {"spark.databricks.delta.commitInfo.userMetadata": metadata}):
         (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), on)
          .whenMatchedDelete()
          .whenNotMatchedBySourceDelete(condition=predicate.spark)
          .execute())
-    finally:
-        spark.conf.unset("spark.databricks.delta.commitInfo.userMetadata")
     entry = lake.find_commit_entry(spark, path, {"operation": "coldharbor-purge", "run_id": config.run_id})
     if entry is None:
         raise LakeUnavailableError(f"the purge commit of {path} is not in its Delta history")

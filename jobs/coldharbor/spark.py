@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from coldharbor import settings
 
@@ -55,6 +57,22 @@ def session_conf(master: str | None = None) -> dict[str, str]:
     if master:
         conf["spark.master"] = master
     return conf
+
+
+@contextmanager
+def temporary_conf(spark, values: dict[str, str]) -> Iterator[None]:
+    """Session settings for the duration of one block, restored (or unset) afterwards."""
+    previous = {key: spark.conf.get(key, None) for key in values}
+    try:
+        for key, value in values.items():
+            spark.conf.set(key, value)
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 def get_session(app_name: str):

@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import SparkSession
 
-from coldharbor import lake, maintenance_runs, pg, registry, settings
+from coldharbor import faults, lake, maintenance_runs, pg, registry, settings
 from coldharbor.errors import ConfigError, LakeUnavailableError
 from coldharbor.job_main import run_job
 from coldharbor.registry import RegisteredTable
@@ -91,7 +91,8 @@ def cleanup_table(spark: SparkSession, conn: psycopg.Connection, table: Register
         try:
             result.evicted_rows = evict(conn, table, config.dry_run) if config.evict else 0
             path = table.lake_path(config.lake_root)
-            result.vacuumed_files = vacuum(spark, path, config)
+            with pg.lake_commit_lock(conn, table.table_id, path):
+                result.vacuumed_files = vacuum(spark, path, config)
             result.leftovers_removed = remove_own_leftovers(spark, path, config)
             result.change_log_pruned, result.batches_pruned = prune_change_log(conn, table, config)
         except Exception as exc:
@@ -159,7 +160,8 @@ def vacuum_files(spark: SparkSession, path: str, retention: timedelta, *, dry_ru
                 _align_retention_property(spark, table_ref, retention)
             listed = [r[0] for r in spark.sql(f"VACUUM {table_ref} RETAIN {hours} HOURS DRY RUN").collect()]
             if not dry_run and listed:
-                DeltaTable.forPath(spark, path).vacuum(hours)
+                with faults.kill_during("during_vacuum"):
+                    DeltaTable.forPath(spark, path).vacuum(hours)
         return listed
     except Exception as exc:
         raise LakeUnavailableError(f"VACUUM of {path} failed: {lake.jvm_message(exc)}") from exc

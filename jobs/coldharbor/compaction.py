@@ -135,7 +135,7 @@ def compact_table(spark: SparkSession, conn: psycopg.Connection, table: Register
             return TableResult(table.qualified_name, "skipped")
         maintenance_runs.start(conn, config.run_id, table.table_id, "compact")
         try:
-            result = _compact(spark, table, config, hook)
+            result = _compact(spark, conn, table, config, hook)
         except Exception as exc:
             maintenance_runs.finish(conn, config.run_id, table.table_id, "compact", "failed", error=str(exc)[:2000])
             raise
@@ -147,7 +147,7 @@ def compact_table(spark: SparkSession, conn: psycopg.Connection, table: Register
         return result
 
 
-def _compact(spark: SparkSession, table: RegisteredTable, config: CompactionConfig,
+def _compact(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, config: CompactionConfig,
              hook: faults.Hook) -> TableResult:
     path = table.lake_path(config.lake_root)
     snap = lake.snapshot(spark, path)
@@ -160,18 +160,19 @@ def _compact(spark: SparkSession, table: RegisteredTable, config: CompactionConf
                  table.qualified_name, len(snap.files), len(partitions_of(snap)), snap.version,
                  config.min_small_files)
         return TableResult(table.qualified_name, "nothing_to_do")
-    results = [_rewrite_with_retries(spark, table, path, partition, config, hook, snap) for partition in todo]
+    results = [_rewrite_with_retries(spark, conn, table, path, partition, config, hook, snap) for partition in todo]
     status = "gave_up" if any(r.status == "gave_up" for r in results) else "compacted"
     return TableResult(table.qualified_name, status, results)
 
 
-def _rewrite_with_retries(spark: SparkSession, table: RegisteredTable, path: str, partition: tuple,
+def _rewrite_with_retries(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
+                          partition: tuple,
                           config: CompactionConfig, hook: faults.Hook, planned: LakeSnapshot) -> PartitionResult:
     for attempt in range(1, config.max_attempts + 1):
         # The first attempt reads the version it was planned on; a retry plans again from the latest.
         snap = planned if attempt == 1 else lake.snapshot(spark, path)
         try:
-            result = _rewrite_partition(spark, table, path, partition, snap, config, hook)
+            result = _rewrite_partition(spark, conn, table, path, partition, snap, config, hook)
             result.attempts = attempt
             return result
         except Exception as exc:
@@ -195,8 +196,9 @@ def _is_conflict(exc: Exception) -> bool:
                                          "DELTA_CONCURRENT"))
 
 
-def _rewrite_partition(spark: SparkSession, table: RegisteredTable, path: str, partition: tuple,
-                       snap: LakeSnapshot, config: CompactionConfig, hook: faults.Hook) -> PartitionResult:
+def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
+                       partition: tuple, snap: LakeSnapshot, config: CompactionConfig,
+                       hook: faults.Hook) -> PartitionResult:
     files = partitions_of(snap).get(partition, [])
     result = PartitionResult(dict(partition), "below_threshold", files_before=len(files),
                              bytes_before=sum(f.size for f in files), read_version=snap.version)
@@ -217,16 +219,19 @@ def _rewrite_partition(spark: SparkSession, table: RegisteredTable, path: str, p
                      F.count(F.when(F.col(KEEP) & F.col(DELETED), 1)).alias("markers_after"))
             .filter(F.col(KEEP)).drop(KEEP))
     out = _layout(kept, table, output_file_count(result.bytes_before, config))
+    if faults.armed("compact_during_write"):
+        out = faults.crash_inside_tasks(out)  # killed with the rewrite's files half written
     metadata = {"operation": OPERATION, "run_id": config.run_id, "table": table.qualified_name,
                 "partition": dict(partition), "read_version": snap.version, "max_batch_id": max_batch}
     hook("compact_before_commit")
-    _check_no_rewrites_since(spark, path, snap.version)
     writer = (out.write.format("delta").mode("overwrite")
               .option("replaceWhere", f"({where}) AND {BATCH_ID} <= {max_batch}")
               .option("userMetadata", json.dumps(metadata, sort_keys=True)))
     if table.partition_by:
         writer = writer.partitionBy(*table.partition_by)
-    writer.save(path)
+    with pg.lake_commit_lock(conn, table.table_id, path):
+        _check_no_rewrites_since(spark, path, snap.version)
+        writer.save(path)
     hook("compact_after_commit")
     figures = observation.get
     entry = lake.find_commit_entry(spark, path, {"operation": OPERATION, "run_id": config.run_id,

@@ -104,17 +104,18 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         rows = images.transform(to_lake_rows(columns, batch.batch_id, exported_at))
         if faults.armed("during_write"):
             rows = faults.crash_inside_tasks(rows)
-        lake.append_batch(rows, path,
-                          app_id=app_id, batch_id=batch.batch_id, partition_by=table.partition_by,
-                          metadata={"app_id": app_id, "batch_id": batch.batch_id, "run_id": config.run_id,
-                                    "table": table.qualified_name},
-                          add_columns=bool(change.added))
+        with pg.lake_commit_lock(conn, table.table_id, path):
+            lake.append_batch(rows, path,
+                              app_id=app_id, batch_id=batch.batch_id, partition_by=table.partition_by,
+                              metadata={"app_id": app_id, "batch_id": batch.batch_id, "run_id": config.run_id,
+                                        "table": table.qualified_name},
+                              add_columns=bool(change.added))
         hook("after_commit")
         version = lake.find_batch_commit(spark, path, app_id, batch.batch_id)
         if version is None:
             raise LakeUnavailableError(f"batch {batch.batch_id} of {table.qualified_name} was written to {path} "
                                        "but its commit is not in the Delta history; nothing was marked")
-        marked = batches.mark_flushed(conn, table.table_id, batch.batch_id, version)
+        marked = batches.mark_flushed(conn, table.table_id, batch.batch_id, version, hook)
         hook("after_mark")
         _log_batch(table, batch, version, marked)
         return TableResult(table.qualified_name, "exported", batch.batch_id, row_count, marked, version, recovered)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from coldharbor import settings
 from coldharbor.errors import ConfigError, PostgresUnavailableError
 
 log = logging.getLogger(__name__)
@@ -17,7 +18,8 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 10
 
 # First key of the two-key advisory lock: one namespace per job kind, the table id is the second.
-LOCK_NAMESPACES = {"export": 0x43480001, "compact": 0x43480002, "cleanup": 0x43480003}
+LOCK_NAMESPACES = {"export": 0x43480001, "compact": 0x43480002, "cleanup": 0x43480003,
+                   "lake_commit": 0x43480004}
 
 
 def connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection:
@@ -54,6 +56,30 @@ def advisory_lock(conn: psycopg.Connection, kind: str, table_id: int) -> Iterato
     finally:
         if acquired and not conn.closed:
             conn.execute("SELECT pg_advisory_unlock(%s, %s)", (namespace, table_id))
+
+
+@contextmanager
+def lake_commit_lock(conn: psycopg.Connection, table_id: int, path: str) -> Iterator[None]:
+    """Holds the table's lake commit lock (blocking) around one Delta write, where the store needs it.
+
+    Delta commits version N by creating `_delta_log/N.json` only if it is absent. A local disk or
+    HDFS does that atomically; S3 through s3a does not across processes (Delta's S3 log store
+    excludes writers of one JVM only), so two jobs committing to one table at once could both write
+    version N and one commit would be lost. Export, compaction, purge and VACUUM therefore commit
+    to an S3 table one at a time under this session lock, released when the job's connection dies.
+    """
+    if not settings.lake_commit_lock_needed(path):
+        yield
+        return
+    key = (LOCK_NAMESPACES["lake_commit"], table_id)
+    if not conn.execute("SELECT pg_try_advisory_lock(%s, %s)", key).fetchone()[0]:
+        log.info("waiting for the lake commit lock of table %s (another job is committing to %s)", table_id, path)
+        conn.execute("SELECT pg_advisory_lock(%s, %s)", key)
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            conn.execute("SELECT pg_advisory_unlock(%s, %s)", key)
 
 
 @dataclass(frozen=True)

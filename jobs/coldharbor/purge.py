@@ -114,9 +114,9 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
             latest_match = (rows.transform(latest_per_key(key_names))
                             .filter(~F.col(DELETED)).filter(predicate.spark).select(*key_names))
             all_keys |= {tuple(r) for r in latest_match.collect()}
-            result.lake_rows_deleted, result.lake_version = _merge_delete(spark, path, rows.schema, key_names,
-                                                                          sorted(all_keys, key=repr), predicate,
-                                                                          config)
+            with pg.lake_commit_lock(conn, table.table_id, path):
+                result.lake_rows_deleted, result.lake_version = _merge_delete(
+                    spark, path, rows.schema, key_names, sorted(all_keys, key=repr), predicate, config)
         result.keys_purged = len(all_keys)
         result.change_log_deleted = conn.execute(sql.SQL("""
             DELETE FROM coldharbor.change_log
@@ -128,8 +128,9 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
             names=sql.SQL(", ").join(sql.Identifier(k) for k in key_names)),
             [[key[i] for key in all_keys] for i in range(len(keys))]).rowcount
     if has_lake:
-        result.files_vacuumed = len(vacuum_files(spark, path, config.vacuum_retention, dry_run=False,
-                                                 align_untracked=False))
+        with pg.lake_commit_lock(conn, table.table_id, path):
+            result.files_vacuumed = len(vacuum_files(spark, path, config.vacuum_retention, dry_run=False,
+                                                     align_untracked=False))
     result.remaining = verify(spark, conn, table, path, key_names, all_keys, predicate, has_lake)
     log.info("%s: purged %s: %s hot rows, %s keys, %s lake rows (version %s), %s change_log rows, %s files "
              "vacuumed; remaining: %s", table.qualified_name, predicate.text, result.hot_rows_deleted,

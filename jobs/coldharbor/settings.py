@@ -22,6 +22,19 @@ DATA_DIR = Path(os.environ.get("COLDHARBOR_DATA_DIR", PROJECT_DIR / "data"))
 DELTA_JAR_VERSION = os.environ.get("COLDHARBOR_DELTA_JAR_VERSION", "4.4.0")
 POSTGRES_JDBC_VERSION = os.environ.get("COLDHARBOR_PG_JDBC_VERSION", "42.7.8")
 SCALA_BINARY_VERSION = "2.13"
+EXTRA_PACKAGES_ENV = "COLDHARBOR_EXTRA_PACKAGES"
+
+
+def extra_packages() -> list[str]:
+    """More Maven coordinates for spark.jars.packages, comma-separated in COLDHARBOR_EXTRA_PACKAGES:
+    for a lake on S3, org.apache.hadoop:hadoop-aws at the version of PySpark's Hadoop client (3.5.0
+    for PySpark 4.2). Set-up fetches them with the others."""
+    raw = os.environ.get(EXTRA_PACKAGES_ENV, "")
+    packages = [p.strip() for p in raw.split(",") if p.strip()]
+    for package in packages:
+        if len(package.split(":")) != 3 or not all(package.split(":")):
+            raise ConfigError(f"{EXTRA_PACKAGES_ENV}: {package!r} is not a Maven coordinate group:artifact:version")
+    return packages
 
 
 def require_env(name: str) -> str:
@@ -43,6 +56,22 @@ def lake_root(explicit: str | None = None) -> str:
     if not root:
         raise ConfigError(f"no lake root: pass --lake-root or set {LAKE_ROOT_ENV}")
     return root.rstrip("/")
+
+
+LAKE_COMMIT_LOCK_ENV = "COLDHARBOR_LAKE_COMMIT_LOCK"
+# Stores whose Hadoop file system cannot create a file only-if-absent across processes.
+STORES_WITHOUT_EXCLUSIVE_CREATE = ("s3://", "s3a://", "s3n://")
+
+
+def lake_commit_lock_needed(path: str) -> bool:
+    """Whether lake commits to `path` must be serialized through PostgreSQL: `auto` (the default)
+    for S3 paths, `on` always, `off` never."""
+    mode = os.environ.get(LAKE_COMMIT_LOCK_ENV, "auto").lower()
+    if mode not in ("auto", "on", "off"):
+        raise ConfigError(f"{LAKE_COMMIT_LOCK_ENV} must be auto, on or off, not {mode!r}")
+    if mode == "auto":
+        return path.lower().startswith(STORES_WITHOUT_EXCLUSIVE_CREATE)
+    return mode == "on"
 
 
 HISTORY_WINDOW_ENV = "COLDHARBOR_HISTORY_WINDOW_HOURS"

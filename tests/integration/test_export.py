@@ -204,6 +204,36 @@ def test_lock_held_elsewhere_means_skip(spark, pg_dsn, pg_conn, table_name, lake
     assert export(spark, pg_dsn, table_name, lake_root).status == "exported"
 
 
+def test_commit_waits_for_the_lake_commit_lock_where_the_store_needs_it(spark, pg_dsn, pg_conn, table_name,
+                                                                        lake_root, monkeypatch):
+    """On S3 two jobs must not commit to one table at once: the export reads and writes its files,
+    then waits for the lake commit lock before its Delta commit (forced on here for local disk)."""
+    monkeypatch.setenv("COLDHARBOR_LAKE_COMMIT_LOCK", "on")
+    make_table(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")
+    [table_id] = pg_conn.execute("SELECT table_id FROM coldharbor.tables WHERE table_name = %s", (table_name,)).fetchone()
+    results = []
+    with pg.connect(pg_dsn) as other:
+        other.execute("SELECT pg_advisory_lock(%s, %s)", (pg.LOCK_NAMESPACES["lake_commit"], table_id))
+        runner = threading.Thread(target=lambda: results.append(export(spark, pg_dsn, table_name, lake_root)))
+        runner.start()
+        waiting = 0
+        for _ in range(600):
+            waiting = pg_conn.execute("""SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+                                         AND NOT granted AND classid = %s AND objid = %s""",
+                                      (pg.LOCK_NAMESPACES["lake_commit"], table_id)).fetchone()[0]
+            if waiting or not runner.is_alive():
+                break
+            runner.join(0.1)
+        assert waiting == 1, "the export did not wait for the lake commit lock"
+        assert not DeltaTable.isDeltaTable(spark, f"{lake_root}/public/{table_name}")
+        assert len(dirty_ids(pg_conn, table_name)) == 1
+        other.execute("SELECT pg_advisory_unlock(%s, %s)", (pg.LOCK_NAMESPACES["lake_commit"], table_id))
+    runner.join(120)
+    assert [r.status for r in results] == ["exported"]
+    assert dirty_ids(pg_conn, table_name) == []
+
+
 def test_oldest_change_time_is_recorded_in_utc_whatever_the_local_zone(spark, pg_dsn, pg_conn, table_name,
                                                                        lake_root, monkeypatch):
     import time

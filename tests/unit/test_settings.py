@@ -52,3 +52,36 @@ def test_dirty_images_query_quotes_identifiers_and_reads_keys_from_the_change_lo
     assert "(d.key ->> 'id')::bigint AS \"id\"" in text
     assert '(t."u")::text AS "u"' in text
     assert "flushed_at IS NULL" in text and "table_id = 7" in text
+
+
+@pytest.mark.parametrize(("mode", "path", "needed"), [
+    (None, "s3a://lake/public/orders", True),
+    (None, "S3://lake/public/orders", True),
+    (None, "/data/lake/public/orders", False),
+    (None, "hdfs://nn/lake/public/orders", False),
+    ("on", "/data/lake/public/orders", True),
+    ("off", "s3a://lake/public/orders", False),
+])
+def test_lake_commit_lock_is_on_for_s3_by_default(monkeypatch, mode, path, needed):
+    if mode is None:
+        monkeypatch.delenv(settings.LAKE_COMMIT_LOCK_ENV, raising=False)
+    else:
+        monkeypatch.setenv(settings.LAKE_COMMIT_LOCK_ENV, mode)
+    assert settings.lake_commit_lock_needed(path) is needed
+
+
+def test_lake_commit_lock_setting_is_checked(monkeypatch):
+    monkeypatch.setenv(settings.LAKE_COMMIT_LOCK_ENV, "sometimes")
+    with pytest.raises(ConfigError, match="COLDHARBOR_LAKE_COMMIT_LOCK must be auto, on or off"):
+        settings.lake_commit_lock_needed("/lake")
+
+
+def test_extra_packages_join_the_pinned_ones(monkeypatch):
+    from coldharbor.spark import maven_packages
+
+    monkeypatch.setenv(settings.EXTRA_PACKAGES_ENV, " org.apache.hadoop:hadoop-aws:3.5.0 ,")
+    assert maven_packages()[-1] == "org.apache.hadoop:hadoop-aws:3.5.0"
+    assert len(maven_packages()) == 3
+    monkeypatch.setenv(settings.EXTRA_PACKAGES_ENV, "hadoop-aws")
+    with pytest.raises(ConfigError, match="'hadoop-aws' is not a Maven coordinate"):
+        maven_packages()

@@ -35,13 +35,15 @@ DEFAULT_CONF = {
 
 
 def maven_packages() -> list[str]:
-    """Delta for this PySpark's major.minor, and the PostgreSQL JDBC driver."""
+    """Delta for this PySpark's major.minor, the PostgreSQL JDBC driver, and any extra packages
+    (hadoop-aws for an s3a:// lake)."""
     import pyspark
 
     spark_minor = ".".join(pyspark.__version__.split(".")[:2])
     return [
         f"io.delta:delta-spark_{spark_minor}_{settings.SCALA_BINARY_VERSION}:{settings.DELTA_JAR_VERSION}",
         f"org.postgresql:postgresql:{settings.POSTGRES_JDBC_VERSION}",
+        *settings.extra_packages(),
     ]
 
 

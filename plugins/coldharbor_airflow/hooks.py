@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 
 DEFAULT_CONN_ID = "coldharbor_pg"
 
@@ -26,7 +27,13 @@ class ColdharborHook(BaseHook):
         environment, never onto a command line or into a log."""
         from psycopg.conninfo import make_conninfo
 
-        conn = self.get_connection(self.coldharbor_conn_id)
+        try:
+            conn = self.get_connection(self.coldharbor_conn_id)
+        except AirflowNotFoundException:
+            raise AirflowException(
+                f"the PostgreSQL connection {self.coldharbor_conn_id!r} is not defined: create it (Admin > "
+                f"Connections, type Postgres, or AIRFLOW_CONN_{self.coldharbor_conn_id.upper()}) pointing at the "
+                "hot tier") from None
         params: dict[str, Any] = {"host": conn.host or "127.0.0.1", "port": conn.port or 5432,
                                   "dbname": conn.schema or "postgres", "user": conn.login or "postgres",
                                   "application_name": "coldharbor-airflow"}
@@ -36,8 +43,17 @@ class ColdharborHook(BaseHook):
 
     def connect(self):
         import psycopg
+        from psycopg.conninfo import conninfo_to_dict
 
-        return psycopg.connect(self.dsn(), autocommit=True, connect_timeout=10)
+        dsn = self.dsn()
+        try:
+            return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        except psycopg.OperationalError as exc:
+            params = conninfo_to_dict(dsn)
+            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise AirflowException(
+                f"PostgreSQL at {params.get('host')}:{params.get('port')}/{params.get('dbname')} (connection "
+                f"{self.coldharbor_conn_id!r}) is unreachable: {first_line}") from None
 
     def tables_needing_export(self) -> list[str]:
         """schema.table of every registered table with a dirty change or an unfinished batch: an

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import socket
 import sys
 import tempfile
 import zipfile
@@ -11,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseHook, Connection, Variable
+from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 
 from coldharbor_airflow.hooks import DEFAULT_CONN_ID, ColdharborHook
 from coldharbor_airflow.paths import JOBS_DIR
 
+LAKE_ROOT_VARIABLE = "coldharbor_lake_root"
 JOBS = ("cdc_export.py", "compact.py", "cleanup.py", "purge.py", "serve_report.py")
 
 
@@ -47,20 +52,105 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
         sys.path.insert(0, str(JOBS_DIR))  # the jobs package, for its pinned jar coordinates
         from coldharbor.spark import ivy_dir, maven_packages
 
-        lake_root = self.lake_root or os.environ.get("COLDHARBOR_LAKE_ROOT")
-        self.application_args = [*self.job_args, *(["--lake-root", lake_root] if lake_root else [])]
+        # Everything the submit needs is checked first: a missing piece is one clear message in the
+        # task log, and nothing has started.
+        spark_conn = spark_connection(self._conn_id)
+        dsn = ColdharborHook(self.coldharbor_conn_id).dsn()
+        lake_root = resolve_lake_root(self.lake_root)
+        check_master_reachable(spark_master(spark_conn))
+        self.application_args = [*self.job_args, "--lake-root", lake_root]
         self.packages = ",".join(maven_packages())
-        self.conf = {"spark.jars.ivy": ivy_dir(), "spark.ui.enabled": "false", **(self.conf or {})}
+        self.conf = {"spark.jars.ivy": ivy_dir(), "spark.ui.enabled": "false",
+                     **connection_conf(spark_conn), **(self.conf or {})}
         bin_dir = str(Path(sys.executable).parent)  # spark-submit of this environment comes first
         self.env_vars = {**(self.env_vars or {}),
-                          "COLDHARBOR_PG_DSN": ColdharborHook(self.coldharbor_conn_id).dsn(),
+                          "COLDHARBOR_PG_DSN": dsn,
                           "PYTHONPATH": os.pathsep.join(filter(None, [str(JOBS_DIR), os.environ.get("PYTHONPATH")])),
                           "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
                           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         with tempfile.TemporaryDirectory(prefix="coldharbor-pyfiles-") as folder:
             self.py_files = package_zip(Path(folder))
-            return super().execute(context)
+            try:
+                return super().execute(context)
+            except AirflowException as exc:
+                # The provider says "Cannot execute: <command>. Error code is: N."; the job's own
+                # message is in the log lines above it. Say what the exit code means.
+                code = _exit_code(str(exc))
+                if code is None:
+                    raise
+                meaning = JOB_EXIT_CODES.get(code, "Spark or the job failed")
+                raise AirflowException(f"{self.job} exited with code {code}: {meaning}; the job's own message "
+                                       "is in the log lines above") from exc
+
+
+# The jobs' exit codes (job_main and each job's --help).
+JOB_EXIT_CODES = {
+    1: "an unexpected error (the traceback is above)",
+    2: "refused or a tier was unreachable; nothing was changed or marked",
+    3: "compaction gave up after repeated conflicts; the table is unchanged",
+    4: "the purge is incomplete (rows still match)",
+}
+
+
+def _exit_code(message: str) -> int | None:
+    match = re.search(r"Error code is: (-?\d+)", message)
+    return int(match.group(1)) if match else None
+
+
+def spark_connection(conn_id: str) -> Connection:
+    """The Spark connection, or a clear error: without it the provider would silently submit to YARN."""
+    try:
+        return BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        raise AirflowException(
+            f"the Spark connection {conn_id!r} is not defined: create it (Admin > Connections, or "
+            f"AIRFLOW_CONN_{conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[2]\", "
+            "\"extra\": {\"deploy-mode\": \"client\"}}'); nothing was submitted") from None
+
+
+def spark_master(conn: Connection) -> str:
+    """The master URL the provider's hook derives from the connection (same rules)."""
+    if conn.conn_type == "spark" and conn.host and ("://" in conn.host or not conn.port):
+        master = conn.host
+    else:
+        master = f"{conn.conn_type}://{conn.host or ''}"
+    return f"{master}:{conn.port}" if conn.port else master
+
+
+def connection_conf(conn: Connection) -> dict[str, str]:
+    """Spark conf from the connection's extra `conf` object (s3a endpoint, executor sizes, ...)."""
+    conf = conn.extra_dejson.get("conf") or {}
+    if not isinstance(conf, dict):
+        raise AirflowException(f"the extra 'conf' of connection {conn.conn_id!r} must be a JSON object of "
+                               f"Spark settings, not {type(conf).__name__}")
+    return {str(k): str(v) for k, v in conf.items()}
+
+
+def resolve_lake_root(explicit: str | None) -> str:
+    """The operator's lake_root, else the Variable coldharbor_lake_root, else COLDHARBOR_LAKE_ROOT."""
+    root = explicit or Variable.get(LAKE_ROOT_VARIABLE, default=None) or os.environ.get("COLDHARBOR_LAKE_ROOT")
+    if not root:
+        raise AirflowException(f"no lake root: set the Airflow Variable {LAKE_ROOT_VARIABLE!r} (or "
+                               "COLDHARBOR_LAKE_ROOT in the workers' environment) to a folder or s3a:// URI; "
+                               "nothing was submitted")
+    return root
+
+
+def check_master_reachable(master: str, timeout_s: float = 5.0) -> None:
+    """A standalone master (spark://host:port[,host:port]) must accept a TCP connection; otherwise
+    spark-submit spends a minute in registration retries before it says so."""
+    if not master.startswith("spark://"):
+        return
+    errors = []
+    for address in master.removeprefix("spark://").split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout_s):
+                return
+        except (OSError, ValueError) as exc:
+            errors.append(f"{address}: {exc}")
+    raise AirflowException(f"the Spark master {master} is unreachable ({'; '.join(errors)}); nothing was submitted")
 
 
 def package_zip(folder: Path) -> str:

@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
     elif args.command == "fetch-jars":
         fetch_jars()
     elif args.command == "demo":
-        demo(_read_env()[settings.PG_DSN_ENV])
+        demo(os.environ.get(settings.PG_DSN_ENV) or _read_env()[settings.PG_DSN_ENV])
     elif args.command == "env":
         sys.stdout.write(ENV_FILE.read_text())
     return 0

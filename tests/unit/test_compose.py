@@ -1,0 +1,91 @@
+"""docker-compose.yaml and the Dockerfile, checked with what runs here (no Docker engine): the
+compose client's own validation, and the stack agreeing with the pins the tests run against."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+PROJECT = Path(__file__).resolve().parents[2]
+COMPOSE = PROJECT / "docker-compose.yaml"
+AIRFLOW_SERVICES = ("airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
+                    "airflow-triggerer")
+
+
+@pytest.fixture(scope="module")
+def stack() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def compose_client() -> list[str] | None:
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    return None
+
+
+def test_the_compose_client_accepts_the_file():
+    client = compose_client()
+    if client is None:
+        pytest.skip("no docker compose client on this machine")
+    done = subprocess.run([*client, "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True,
+                          cwd=PROJECT, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_stack_has_every_service_the_design_names(stack):
+    services = stack["services"]
+    for name in ("postgres", "minio", "minio-init", "spark-master", "spark-worker", "workload", *AIRFLOW_SERVICES):
+        assert name in services, name
+    # The bucket exists before anything writes the lake; the Airflow services start after init.
+    assert services["airflow-init"]["depends_on"]["minio-init"] == {"condition": "service_completed_successfully"}
+    assert "mc mb --ignore-existing lake/coldharbor-lake" in services["minio-init"]["command"][0]
+    for name in AIRFLOW_SERVICES[1:]:
+        assert services[name]["depends_on"]["airflow-init"] == {"condition": "service_completed_successfully"}
+    # One image everywhere: drivers (in the scheduler) and executors (on the worker) share Python and Spark.
+    for name in ("spark-master", "spark-worker", "workload", *AIRFLOW_SERVICES):
+        assert services[name]["image"] == "coldharbor:local", name
+
+
+def test_airflow_runs_the_dags_on_the_cluster_with_the_lake_on_s3a(stack):
+    env = stack["services"]["airflow-scheduler"]["environment"]
+    assert env["AIRFLOW_VAR_COLDHARBOR_LAKE_ROOT"].startswith("s3a://coldharbor-lake/")
+    spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
+    assert spark["host"] == "spark://spark-master:7077"
+    conf = spark["extra"]["conf"]
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://minio:9000"
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert conf["spark.driver.host"] == stack["services"]["airflow-scheduler"]["hostname"]
+    assert not any("secret" in key.lower() or "access.key" in key.lower() for key in conf), \
+        "S3 credentials belong in the environment, never on spark-submit's command line"
+    pg = json.loads(env["AIRFLOW_CONN_COLDHARBOR_PG"])
+    assert (pg["host"], pg["schema"]) == ("postgres", "app")
+    worker_env = stack["services"]["spark-worker"]["environment"]
+    assert worker_env["AWS_ACCESS_KEY_ID"] == env["AWS_ACCESS_KEY_ID"]
+
+
+def test_hadoop_aws_matches_the_hadoop_client_pyspark_ships(stack):
+    """hadoop-aws must be the exact version of PySpark's hadoop-client jars, or s3a fails at run time."""
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    [client] = [p.name for p in jars.glob("hadoop-client-api-*.jar")]
+    hadoop = re.fullmatch(r"hadoop-client-api-(.+)\.jar", client).group(1)
+    env = stack["services"]["airflow-scheduler"]["environment"]
+    assert env["COLDHARBOR_EXTRA_PACKAGES"] == f"org.apache.hadoop:hadoop-aws:{hadoop}"
+
+
+def test_the_image_runs_the_pinned_airflow_and_python():
+    requirements = (PROJECT / "requirements.txt").read_text()
+    airflow = re.search(r"^apache-airflow==(\S+)$", requirements, re.M).group(1)
+    base = re.search(r"^FROM (\S+)$", (PROJECT / "Dockerfile").read_text(), re.M).group(1)
+    assert base.startswith(f"apache/airflow:{airflow}-python3.")
+    for folder in ("dags", "jobs", "plugins", "sql"):
+        assert f"COPY --chown=airflow:root {folder} /opt/coldharbor/{folder}" in (PROJECT / "Dockerfile").read_text()

@@ -14,6 +14,8 @@ from datetime import datetime
 
 import psycopg
 
+from coldharbor import faults
+
 log = logging.getLogger(__name__)
 
 
@@ -41,7 +43,8 @@ def begin(conn: psycopg.Connection, table_id: int, run_id: str, change_ids: Sequ
     return Batch(table_id, batch_id, len(change_ids), row_count, oldest_change_at)
 
 
-def mark_flushed(conn: psycopg.Connection, table_id: int, batch_id: int, lake_version: int) -> int:
+def mark_flushed(conn: psycopg.Connection, table_id: int, batch_id: int, lake_version: int,
+                 hook: faults.Hook = faults.from_environment) -> int:
     """Marks exactly the batch's change ids flushed at `lake_version`; returns how many it marked.
 
     The batch keeps its change ids: a report that pinned an older lake version finds through them
@@ -55,6 +58,7 @@ def mark_flushed(conn: psycopg.Connection, table_id: int, batch_id: int, lake_ve
                         WHERE table_id = %(table)s AND batch_id = %(batch)s AND state = 'pending') m
                 WHERE c.id = m.id AND c.flushed_at IS NULL""",
             {"version": lake_version, "table": table_id, "batch": batch_id}).rowcount
+        hook("during_mark")  # the change rows are updated, the transaction not committed
         conn.execute(
             """UPDATE coldharbor.export_batches
                   SET state = 'flushed', lake_version = %s, finished_at = now()

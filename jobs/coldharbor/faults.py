@@ -11,7 +11,9 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,21 @@ def from_environment(point: str) -> None:
 def armed(point: str) -> bool:
     """Whether the environment asks for a crash at `point` (for points a hook call cannot reach)."""
     return os.environ.get(CRASH_ENV) == point
+
+
+@contextmanager
+def kill_during(point: str, after_s: float = 0.3) -> Iterator[None]:
+    """When armed, SIGKILLs the process `after_s` into the block (a JVM call the Python side cannot
+    hook into, such as VACUUM deleting files), or at its end if it finishes sooner: either way the
+    process dies inside the operation, never after the job moves on."""
+    if not armed(point):
+        yield
+        return
+    timer = threading.Timer(after_s, from_environment, args=(point,))
+    timer.daemon = True
+    timer.start()
+    yield
+    from_environment(point)
 
 
 def crash_inside_tasks(rows):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -64,12 +66,14 @@ def dirty_ids(conn: psycopg.Connection, name: str) -> list[int]:
 
 
 def spark_submit_export(dsn: str, lake_root: str, *args: str, env: dict[str, str] | None = None,
-                        log_file: Path | None = None) -> subprocess.Popen | subprocess.CompletedProcess:
-    return spark_submit("cdc_export.py", dsn, lake_root, *args, env=env, log_file=log_file)
+                        log_file: Path | None = None,
+                        spark_args: list[str] | None = None) -> subprocess.Popen | subprocess.CompletedProcess:
+    return spark_submit("cdc_export.py", dsn, lake_root, *args, env=env, log_file=log_file, spark_args=spark_args)
 
 
 def spark_submit(job: str, dsn: str, lake_root: str, *args: str, env: dict[str, str] | None = None,
-                 log_file: Path | None = None) -> subprocess.Popen | subprocess.CompletedProcess:
+                 log_file: Path | None = None,
+                 spark_args: list[str] | None = None) -> subprocess.Popen | subprocess.CompletedProcess:
     """A job as production runs it: spark-submit jobs/<job>.
 
     spark-submit relays the Python process's output on its stdout: both streams come back merged.
@@ -79,17 +83,30 @@ def spark_submit(job: str, dsn: str, lake_root: str, *args: str, env: dict[str, 
     from coldharbor.spark import ivy_dir, maven_packages
 
     bin_dir = Path(sys.executable).parent
-    command = [str(bin_dir / "spark-submit"), "--master", "local[1]",
-               "--packages", ",".join(maven_packages()), "--conf", f"spark.jars.ivy={ivy_dir()}",
-               "--conf", "spark.ui.enabled=false", str(PROJECT / "jobs" / job),
-               "--lake-root", lake_root, *args]
     full_env = {**os.environ, "COLDHARBOR_PG_DSN": dsn, "PATH": f"{bin_dir}:{os.environ['PATH']}",
                 "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})}
+    with _environment(full_env):  # COLDHARBOR_EXTRA_PACKAGES may be in `env`
+        packages = ",".join(maven_packages())
+    command = [str(bin_dir / "spark-submit"), "--master", "local[1]",
+               "--packages", packages, "--conf", f"spark.jars.ivy={ivy_dir()}",
+               "--conf", "spark.ui.enabled=false", *(spark_args or []), str(PROJECT / "jobs" / job),
+               "--lake-root", lake_root, *args]
     if log_file is None:
         return subprocess.run(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               timeout=600)
     with open(log_file, "w") as out:
         return subprocess.Popen(command, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def serve_report(monkeypatch, dsn: str, lake_root: str, *args: str) -> int:

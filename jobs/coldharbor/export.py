@@ -92,6 +92,9 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
             log.warning("%s: columns added in PostgreSQL: %s (the lake table gains them, NULL in older rows); "
                         "dropped: %s (the lake keeps them, NULL in new rows)", table.qualified_name,
                         ", ".join(change.added) or "none", ", ".join(change.dropped) or "none")
+        if change.metadata_added:
+            log.info("%s: the lake table gains metadata column(s) %s (NULL in older rows)", table.qualified_name,
+                     ", ".join(change.metadata_added))
 
         images = hot_reader.read_dirty_images(spark, conn, jdbc, table, columns)
         hook("after_read")
@@ -103,13 +106,13 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         app_id = lake.export_app_id(table.table_id)
         rows = images.transform(to_lake_rows(columns, batch.batch_id, exported_at))
         if faults.armed("during_write"):
-            rows = faults.crash_inside_tasks(rows)
+            rows = faults.crash_inside_tasks(rows, "during_write")
         with pg.lake_commit_lock(conn, table.table_id, path):
             lake.append_batch(rows, path,
                               app_id=app_id, batch_id=batch.batch_id, partition_by=table.partition_by,
                               metadata={"app_id": app_id, "batch_id": batch.batch_id, "run_id": config.run_id,
                                         "table": table.qualified_name},
-                              add_columns=bool(change.added))
+                              add_columns=bool(change.added or change.metadata_added))
         hook("after_commit")
         version = lake.find_batch_commit(spark, path, app_id, batch.batch_id)
         if version is None:

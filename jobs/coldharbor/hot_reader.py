@@ -12,7 +12,7 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 
-from coldharbor.lake_rows import CHANGE_IDS, CHANGED_AT, DELETED, OLDEST_CHANGE_AT, SEQ
+from coldharbor.lake_rows import CHANGE_IDS, CHANGED_AT, DELETED, FIRST_CHANGED_AT, OLDEST_CHANGE_AT, SEQ
 from coldharbor.pg import JdbcTarget
 from coldharbor.registry import LakeColumn, RegisteredTable
 
@@ -59,6 +59,7 @@ def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
                    array_agg(id ORDER BY id) AS change_ids,
                    max(id) AS change_seq,
                    (array_agg({change_time} ORDER BY id DESC))[1] AS changed_at,
+                   min({change_time}) AS first_changed_at,
                    min(created_at) AS oldest_change_at
             FROM coldharbor.change_log
             WHERE table_id = {table_id} AND flushed_at IS NULL
@@ -67,12 +68,14 @@ def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
                t.ctid IS NULL AS {deleted},
                d.change_seq AS {seq},
                d.changed_at AS {changed_at},
+               d.first_changed_at AS {first_changed_at},
                d.oldest_change_at AS {oldest},
                d.change_ids AS {change_ids}
         FROM dirty d LEFT JOIN {table} t ON {key_match}""").format(
         table_id=sql.Literal(table.table_id),
         columns=sql.SQL(", ").join(column_expr(c) for c in columns),
         deleted=sql.Identifier(DELETED), seq=sql.Identifier(SEQ), changed_at=sql.Identifier(CHANGED_AT),
+        first_changed_at=sql.Identifier(FIRST_CHANGED_AT),
         oldest=sql.Identifier(OLDEST_CHANGE_AT), change_ids=sql.Identifier(CHANGE_IDS),
         table=table.identifier, key_match=key_match(columns), change_time=changed_at)
 

@@ -63,6 +63,7 @@ def append_batch(rows: DataFrame, path: str, *, app_id: str, batch_id: int,
 class SchemaChange:
     added: tuple[str, ...]     # in PostgreSQL, not yet in the lake: added by the next commit
     dropped: tuple[str, ...]   # in the lake, gone from PostgreSQL: kept, NULL in new rows
+    metadata_added: tuple[str, ...] = ()  # Coldharbor metadata columns newer than the lake table
 
 
 def schema_change(spark: SparkSession, path: str, wanted: StructType, table: str) -> SchemaChange:
@@ -85,7 +86,8 @@ def schema_change(spark: SparkSession, path: str, wanted: StructType, table: str
                           "to export it whole); nothing was exported")
     names = {f.name for f in wanted.fields}
     return SchemaChange(tuple(f.name for f in wanted.fields if f.name not in current),
-                        tuple(n for n in current if n not in names and n not in METADATA_COLUMNS))
+                        tuple(n for n in current if n not in names and n not in METADATA_COLUMNS),
+                        tuple(n for n in METADATA_COLUMNS if n not in current))
 
 
 def find_batch_commit(spark: SparkSession, path: str, app_id: str, batch_id: int,

@@ -5,6 +5,10 @@ A lake row is the table's columns plus metadata:
   _ch_deleted      delete marker: the key did not exist at the export snapshot
   _ch_changed_at   when the change committed in PostgreSQL (as-of reports filter on it; the start of
                    its transaction when the server does not track commit timestamps)
+  _ch_first_changed_at  when the first of the changes this row stands for committed: an export
+                   writes one image per key for all its changes since the last export, so the
+                   key's state between this time and _ch_changed_at is not in the lake (as-of
+                   reports inside that span are refused, not answered with the older version)
   _ch_batch_id     export batch that wrote the row (ties on _ch_seq are broken by it)
   _ch_exported_at  when the batch was built
 """
@@ -22,9 +26,10 @@ from coldharbor.registry import LakeColumn
 SEQ = "_ch_seq"
 DELETED = "_ch_deleted"
 CHANGED_AT = "_ch_changed_at"
+FIRST_CHANGED_AT = "_ch_first_changed_at"
 BATCH_ID = "_ch_batch_id"
 EXPORTED_AT = "_ch_exported_at"
-METADATA_COLUMNS = (SEQ, DELETED, CHANGED_AT, BATCH_ID, EXPORTED_AT)
+METADATA_COLUMNS = (SEQ, DELETED, CHANGED_AT, BATCH_ID, EXPORTED_AT, FIRST_CHANGED_AT)
 
 # Columns of the export read that never reach the lake.
 CHANGE_IDS = "_ch_change_ids"
@@ -44,6 +49,7 @@ def to_lake_rows(columns: Sequence[LakeColumn], batch_id: int, exported_at: date
             F.col(CHANGED_AT).cast("timestamp").alias(CHANGED_AT),
             F.lit(batch_id).cast("long").alias(BATCH_ID),
             F.lit(exported_at).cast("timestamp").alias(EXPORTED_AT),
+            F.col(FIRST_CHANGED_AT).cast("timestamp").alias(FIRST_CHANGED_AT),
         )
 
     return transform

@@ -17,13 +17,14 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from coldharbor import hot_snapshot, lake, registry, registry_cache, settings, sinks, sql_guard
 from coldharbor.errors import ColdharborError, LakeUnavailableError, ReportError
 from coldharbor.hot_snapshot import HotSnapshot, HotTable
-from coldharbor.lake_rows import DELETED
+from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT
 from coldharbor.pg import JdbcTarget
-from coldharbor.registry import RegisteredTable
+from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.report_runs import RunRecord
 from coldharbor.report_spec import ReportSpec
 from coldharbor.unified import cold_live, table_contract, unified_rows
@@ -88,12 +89,38 @@ def table_view(spark: SparkSession, hot: HotTable, version: int | None, lake_roo
     if as_of is not None:
         if version is None:
             return hot_frame(spark, hot).limit(0).transform(table_contract(columns))
-        return lake.read_version(spark, hot.table.lake_path(lake_root), version).transform(cold_live(columns, as_of))
+        return lake_as_of(lake.read_version(spark, hot.table.lake_path(lake_root), version), columns, as_of,
+                          hot.table.qualified_name)
     images = hot_frame(spark, hot)
     if version is None:  # nothing exported yet: the table is its hot images
         return images.filter(~images[DELETED]).transform(table_contract(columns))
     cold = lake.read_version(spark, hot.table.lake_path(lake_root), version).transform(cold_live(columns))
     return cold.transform(unified_rows(images, columns))
+
+
+def lake_as_of(rows: DataFrame, columns: Sequence[LakeColumn], as_of: datetime, table: str) -> DataFrame:
+    """The table as of `as_of` from its lake rows, or ReportError when the lake cannot know it.
+
+    An export writes one image per key for all of the key's changes since the previous export; a
+    key changed more than once in that time has no lake version for the instants between its first
+    and its last change. Serving the older version there would be a stale answer: refused instead,
+    naming the nearest instants that are exact.
+    """
+    if FIRST_CHANGED_AT in rows.columns:
+        spans = rows.filter((F.col(FIRST_CHANGED_AT) <= F.lit(as_of)) & (F.col(CHANGED_AT) > F.lit(as_of)))
+        iso = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # in the session's zone (UTC), with it
+        found = spans.agg(F.count(F.lit(1)).alias("keys"),
+                          F.date_format(F.min(FIRST_CHANGED_AT), iso).alias("start"),
+                          F.date_format(F.max(CHANGED_AT), iso).alias("end")).first()
+        if found["keys"]:
+            raise ReportError(
+                f"as-of {as_of.isoformat()} cannot be answered exactly for {table}: {found['keys']} key(s) changed "
+                "more than once between two exports around that instant, and the lake holds one version per key "
+                f"per export; the nearest exact instants are before {found['start']} or from {found['end']} on")
+    else:
+        log.warning("%s: lake rows written before %s existed; as-of answers inside a span of changes exported "
+                    "together cannot be told apart", table, FIRST_CHANGED_AT)
+    return rows.transform(cold_live(columns, as_of))
 
 
 def register_views(spark: SparkSession, snapshot: HotSnapshot, pinned: Mapping[int, int | None],
@@ -183,7 +210,11 @@ def serve_lake_only(spark: SparkSession, tables: Sequence[RegisteredTable], colu
         path = table.lake_path(config.lake_root)
         committed = lake.commit_time(spark, path, version)
         last_commit = committed if last_commit is None else min(last_commit, committed)
-        view = lake.read_version(spark, path, version).transform(cold_live(columns[table.table_id], config.as_of))
+        rows = lake.read_version(spark, path, version)
+        if config.as_of is not None:
+            view = lake_as_of(rows, columns[table.table_id], config.as_of, table.qualified_name)
+        else:
+            view = rows.transform(cold_live(columns[table.table_id]))
         view.createOrReplaceTempView(sql_guard.view_name(table))
     record.lake_versions = {t.qualified_name: pinned[t.table_id] for t in checked.tables}
     record.degraded, record.missing_tier, record.stale_since = True, "postgres", last_commit

@@ -290,6 +290,40 @@ def test_as_of_a_past_time_equals_postgres_then(spark, pg_dsn, pg_conn, table_na
     assert report_rows(pg_conn, "adhoc_asof") == then_rows  # failed runs left the table alone
 
 
+def test_as_of_between_changes_exported_together_is_refused_not_answered_stale(spark, pg_dsn, pg_conn, table_name,
+                                                                             lake_root, monkeypatch):
+    """Found by the consistency suite (seed 1): a key changed twice between two exports has one
+    lake version; as of an instant between its two changes the lake cannot know its value."""
+    make_orders(pg_conn, table_name, rows=5)
+    export(spark, pg_dsn, table_name, lake_root)
+
+    def now():
+        time.sleep(0.05)
+        return pg_conn.execute("SELECT clock_timestamp()").fetchone()[0]
+
+    before = now()
+    expected_before = pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
+    pg_conn.execute(f"UPDATE {table_name} SET status = 'paid' WHERE id = 1")
+    pg_conn.execute(f"DELETE FROM {table_name} WHERE id = 2")
+    between = now()
+    pg_conn.execute(f"UPDATE {table_name} SET status = 'shipped' WHERE id = 1")
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (2, 'back', 1, 'new')")
+    after = now()
+    expected_after = pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
+    export(spark, pg_dsn, table_name, lake_root)
+    sql = f"SELECT * FROM {table_name}"
+
+    assert run_adhoc(monkeypatch, pg_dsn, lake_root, sql, "adhoc_span", "--as-of", before.isoformat()) == 0
+    assert report_rows(pg_conn, "adhoc_span") == expected_before
+    assert run_adhoc(monkeypatch, pg_dsn, lake_root, sql, "adhoc_span", "--as-of", after.isoformat()) == 0
+    assert report_rows(pg_conn, "adhoc_span") == expected_after
+    assert run_adhoc(monkeypatch, pg_dsn, lake_root, sql, "adhoc_span", "--as-of", between.isoformat(),
+                     "--run-id", f"span-{table_name}") == 2
+    error = report_run(pg_conn, f"span-{table_name}")["error"]
+    assert f"cannot be answered exactly for public.{table_name}: 2 key(s) changed more than once" in error
+    assert report_rows(pg_conn, "adhoc_span") == expected_after  # the refused run wrote nothing
+
+
 def test_a_pinned_version_vacuumed_away_is_a_clear_error(spark, pg_dsn, pg_conn, table_name, lake_root):
     make_orders(pg_conn, table_name, rows=20)
     export(spark, pg_dsn, table_name, lake_root)

@@ -63,7 +63,7 @@ def kill_during(point: str, after_s: float = 0.3) -> Iterator[None]:
     from_environment(point)
 
 
-def crash_inside_tasks(rows):
+def crash_inside_tasks(rows, point: str):
     """`rows`, whose first row computed by a Spark task kills the driver JVM with SIGKILL: a crash
     in the middle of a distributed write, with the tasks' files half written. spark-submit only
     (the JVM is the job's process; under a test's own session it would be the test's)."""
@@ -71,6 +71,9 @@ def crash_inside_tasks(rows):
 
     @F.udf("boolean")
     def _kill(_):
+        import sys
+
+        print(f"fault injection: killing the process at {point} (inside a Spark task)", file=sys.stderr, flush=True)
         pid = os.getppid()  # the Python worker's ancestors: pyspark's daemon, then the JVM
         while pid > 1:
             with open(f"/proc/{pid}/comm") as comm:

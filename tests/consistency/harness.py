@@ -1,0 +1,422 @@
+"""Randomized workloads against real PostgreSQL and real Spark + Delta, checked against the model.
+
+A seed fixes the whole sequence: every choice is drawn from `random.Random(seed)` over state that
+the same sequence makes the same (keys are chosen from the model and from PostgreSQL read in key
+order; a writer "committing while an export runs" commits at a named point of the export, through
+the export's hook, not on a timer). A failure raises `Violation` naming the seed, the step and the
+steps that led there, so `run_sequence(seed, ...)` reproduces it.
+
+Steps: inserts, updates, deletes, delete-then-reinsert, primary-key changes, bulk statements, a
+transaction held open across later steps, export (optionally with a writer committing inside it),
+compaction, cleanup (eviction, VACUUM, pruning), purge, reports now and as of a past instant, and
+crashes: the job runs under spark-submit with COLDHARBOR_CRASH_AT=<point> and must die there by
+SIGKILL (a point never reached is an error, not a pass); the next run must recover.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+
+from coldharbor import cleanup, compaction, pg, purge, registry
+from tests.consistency.model import Model
+from tests.helpers import export, spark_submit
+
+KEYS = range(1, 41)  # a small key space, so keys collide, die and come back
+# Crash points, each with the job that reaches it.
+CRASH_POINTS = {
+    "after_read": "cdc_export.py",
+    "during_write": "cdc_export.py",
+    "after_commit": "cdc_export.py",
+    "during_mark": "cdc_export.py",
+    "compact_during_write": "compact.py",
+    "during_vacuum": "cleanup.py",
+}
+TASK_POINTS = ("during_write", "compact_during_write")
+EXPORT_HOOK_POINTS = ("after_read", "after_intent", "after_commit", "after_mark")
+WRITE_STEPS = ("insert", "update", "delete", "delete_reinsert", "pk_change", "bulk_update", "bulk_delete",
+               "bulk_insert")
+# Relative weights of the steps drawn at random.
+WEIGHTS = {"insert": 6, "update": 6, "delete": 4, "delete_reinsert": 2, "pk_change": 2, "bulk_update": 2,
+           "bulk_delete": 1, "bulk_insert": 2, "hold_open": 2, "export": 6, "export_with_writer": 3,
+           "compact": 2, "cleanup": 2, "purge": 1, "report": 3, "report_as_of": 3}
+
+
+class Violation(AssertionError):
+    """The system disagreed with the model."""
+
+
+class CrashPointNotReached(RuntimeError):
+    """A named crash point the job never reached: a test error, never a pass."""
+
+
+@dataclass
+class Held:
+    """A transaction left open across later steps; its keys are off-limits to other writers."""
+
+    conn: psycopg.Connection
+    writes: list[tuple[str, int, str | None]]
+    keys: set[int]
+    commit_after: int
+
+
+@dataclass
+class Run:
+    seed: int
+    spark: object
+    dsn: str
+    lake_root: str
+    workdir: Path
+    rng: random.Random = field(init=False)
+    model: Model = field(default_factory=Model)
+    table: str = field(init=False)
+    trace: list[str] = field(default_factory=list)
+    held: Held | None = None
+    counter: int = 0
+    reports: int = 0
+    crashes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.table = f"public.cs_{self.seed}_{uuid.uuid4().hex[:6]}"
+        self.target = f"adhoc_cs_{self.table.split('.')[1]}"
+        self.conn = pg.connect(self.dsn)
+        self.conn.execute(f"CREATE TABLE {self.table} (id int PRIMARY KEY, v text)")
+        # A hot retention of a millisecond: cleanup evicts every flushed, unchanged row.
+        self.conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => interval '1 millisecond')",
+                          (self.table,))
+        self.stamp()
+
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    def value(self) -> str:
+        self.counter += 1
+        return f"s{self.seed}-{self.counter}"
+
+    def stamp(self) -> None:
+        """After a commit: record the model's state at PostgreSQL's clock."""
+        at = self.conn.execute("SELECT clock_timestamp()").fetchone()[0]
+        self.model.stamp(at)
+
+    def hot_keys(self) -> list[int]:
+        """Keys PostgreSQL holds (evicted ones are only in the lake), minus the held transaction's."""
+        held = self.held.keys if self.held else set()
+        return [r[0] for r in self.conn.execute(f"SELECT id FROM {self.table} ORDER BY id") if r[0] not in held]
+
+    def free_keys(self) -> list[int]:
+        """Keys not in PostgreSQL and not touched by the held transaction (an evicted key is free:
+        an insert of it is an upsert, as in the model)."""
+        taken = set(self.hot_keys()) | (self.held.keys if self.held else set())
+        return [k for k in KEYS if k not in taken]
+
+    def fail(self, message: str) -> None:
+        steps = "\n  ".join(self.trace[-40:])
+        raise Violation(f"seed {self.seed}, step {len(self.trace)}: {message}\nlast steps:\n  {steps}")
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def write(self, kind: str, conn: psycopg.Connection | None = None) -> list[tuple[str, int, str | None]]:
+        """One write step in its own transaction on `conn` (default: the main connection);
+        returns the model writes it made, for the caller to apply once it commits."""
+        conn = conn or self.conn
+        hot, free, rng, t = self.hot_keys(), self.free_keys(), self.rng, self.table
+        writes: list[tuple[str, int, str | None]] = []
+        if kind == "insert" and free:
+            for key in rng.sample(free, min(len(free), rng.randint(1, 3))):
+                value = self.value()
+                conn.execute(f"INSERT INTO {t} VALUES (%s, %s)", (key, value))
+                writes.append(("put", key, value))
+        elif kind == "update" and hot:
+            for key in rng.sample(hot, min(len(hot), rng.randint(1, 3))):
+                value = self.value()
+                conn.execute(f"UPDATE {t} SET v = %s WHERE id = %s", (value, key))
+                writes.append(("put", key, value))
+        elif kind == "delete" and hot:
+            for key in rng.sample(hot, min(len(hot), rng.randint(1, 2))):
+                conn.execute(f"DELETE FROM {t} WHERE id = %s", (key,))
+                writes.append(("del", key, None))
+        elif kind == "delete_reinsert" and hot:
+            key, value = rng.choice(hot), self.value()
+            conn.execute(f"DELETE FROM {t} WHERE id = %s", (key,))
+            conn.execute(f"INSERT INTO {t} VALUES (%s, %s)", (key, value))
+            writes += [("del", key, None), ("put", key, value)]
+        elif kind == "pk_change" and hot and free:
+            old, new = rng.choice(hot), rng.choice(free)
+            [value] = conn.execute(f"UPDATE {t} SET id = %s WHERE id = %s RETURNING v", (new, old)).fetchone()
+            writes += [("del", old, None), ("put", new, value)]
+        elif kind in ("bulk_update", "bulk_delete") and hot:
+            modulus = rng.randint(2, 4)
+            chosen = [k for k in hot if k % modulus == rng.randrange(modulus)] if hot else []
+            if kind == "bulk_update":
+                value = self.value()
+                conn.execute(f"UPDATE {t} SET v = %s || '-' || id WHERE id = ANY(%s)", (value, chosen))
+                writes += [("put", k, f"{value}-{k}") for k in chosen]
+            else:
+                conn.execute(f"DELETE FROM {t} WHERE id = ANY(%s)", (chosen,))
+                writes += [("del", k, None) for k in chosen]
+        elif kind == "bulk_insert" and free:
+            chosen = sorted(rng.sample(free, min(len(free), rng.randint(3, 8))))
+            value = self.value()
+            conn.execute(f"INSERT INTO {t} SELECT k, %s || '-' || k FROM unnest(%s::int[]) k", (value, chosen))
+            writes += [("put", k, f"{value}-{k}") for k in chosen]
+        return writes
+
+    def committed_write(self, kind: str) -> None:
+        with self.conn.transaction():
+            writes = self.write(kind)
+        self.model.apply(writes)
+        self.stamp()
+        self.trace.append(f"{kind}: {writes}")
+
+    def hold_open(self, step: int) -> None:
+        if self.held is not None:
+            return
+        conn = pg.connect(self.dsn, autocommit=False)
+        kind = self.rng.choice(("insert", "update", "delete", "bulk_update"))
+        writes = self.write(kind, conn)
+        self.held = Held(conn, writes, {k for _, k, _ in writes}, step + self.rng.randint(2, 6))
+        self.trace.append(f"hold_open {kind}: {writes} (commits at step {self.held.commit_after})")
+
+    def commit_held(self) -> None:
+        if self.held is None:
+            return
+        self.held.conn.commit()
+        self.held.conn.close()
+        self.model.apply(self.held.writes)
+        self.stamp()
+        self.trace.append(f"commit held: {self.held.writes}")
+        self.held = None
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    def export(self, writer_at: str | None = None) -> None:
+        made: list[tuple[str, int, str | None]] = []
+        kind = self.rng.choice(WRITE_STEPS) if writer_at else None
+
+        def hook(point: str) -> None:
+            if point == writer_at:
+                with pg.connect(self.dsn) as other, other.transaction():
+                    made.extend(self.write(kind, other))
+
+        result = export(self.spark, self.dsn, self.table, self.lake_root, hook)
+        if made:
+            self.model.apply(made)
+            self.stamp()
+        self.trace.append(f"export{f' with {kind} at {writer_at}' if writer_at else ''}: {result.status} "
+                          f"batch {result.batch_id} rows {result.rows}{f' writer {made}' if made else ''}")
+
+    def compact(self) -> None:
+        config = compaction.CompactionConfig(table=self.table, lake_root=self.lake_root, run_id=f"cs-{self.seed}",
+                                             target_file_bytes=1024 * 1024, min_small_files=2)
+        with pg.connect(self.dsn) as conn:
+            [table] = registry.load(conn, self.table)
+            result = compaction.compact_table(self.spark, conn, table, config)
+        self.trace.append(f"compact: {result.status}")
+
+    def cleanup(self) -> None:
+        config = cleanup.CleanupConfig(table=self.table, lake_root=self.lake_root, run_id=f"cs-{self.seed}",
+                                       retention=timedelta(0), allow_short_retention=True)
+        with pg.connect(self.dsn) as conn:
+            [table] = registry.load(conn, self.table)
+            result = cleanup.cleanup_table(self.spark, conn, table, config)
+        self.trace.append(f"cleanup: evicted {result.evicted_rows}, vacuumed {len(result.vacuumed_files)}, "
+                          f"pruned {result.change_log_pruned}")
+
+    def purge(self) -> None:
+        self.commit_held()  # its row locks would hold the purge's DELETE
+        low = self.rng.choice(list(KEYS))
+        high = low + self.rng.randint(0, 3)
+        config = purge.PurgeConfig(table=self.table, where=f"id BETWEEN {low} AND {high}", lake_root=self.lake_root,
+                                   run_id=f"cs-{self.seed}-{len(self.trace)}", vacuum_retention=timedelta(0),
+                                   allow_short_retention=True)
+        with pg.connect(self.dsn) as conn:
+            [table] = registry.load(conn, self.table)
+            result = purge.purge(self.spark, conn, table, config)
+        if not result.complete:
+            self.fail(f"purge of {low}..{high} left rows: {result.remaining}")
+        self.model.purge(low, high)
+        self.stamp()
+        self.trace.append(f"purge {low}..{high}: {result.keys_purged} keys")
+
+    def crash(self, point: str) -> None:
+        """The job under spark-submit, killed at `point`; then the next run must recover."""
+        job = CRASH_POINTS[point]
+        if job == "cdc_export.py":
+            self.committed_write("insert" if self.free_keys() else "update")  # something to export
+        elif job == "compact.py":
+            self.ensure_small_files(2)
+        elif job == "cleanup.py":
+            self.ensure_small_files(2)
+            self.compact()  # the files it replaces are what VACUUM removes
+        args = {"cdc_export.py": [], "compact.py": ["--min-small-files", "2", "--target-file-mb", "1"],
+                "cleanup.py": ["--retention-hours", "0", "--allow-short-retention", "--no-evict"]}[job]
+        done = spark_submit(job, self.dsn, self.lake_root, "--table", self.table, *args,
+                            env={"COLDHARBOR_CRASH_AT": point})
+        # A point inside a Spark task kills the JVM (spark-submit itself: exit -9); the others kill
+        # the Python driver, which says so first.
+        reached = (done.returncode == -9 if point in TASK_POINTS
+                   else f"fault injection: killing the process at {point}" in done.stdout)
+        if not reached:
+            raise CrashPointNotReached(f"seed {self.seed}: {job} never reached crash point {point} "
+                                       f"(exit {done.returncode}):\n{done.stdout[-3000:]}")
+        if done.returncode == 0:
+            raise CrashPointNotReached(f"seed {self.seed}: {job} finished normally; crash point {point} was "
+                                       f"never reached:\n{done.stdout[-3000:]}")
+        self.crashes.append(point)
+        self.trace.append(f"crash at {point}: {job} exit {done.returncode}")
+        # Recovery: the next run of the same job.
+        {"cdc_export.py": self.export, "compact.py": self.compact, "cleanup.py": self.cleanup}[job]()
+
+    def ensure_small_files(self, count: int) -> None:
+        """At least `count` lake files (each export adds one or more)."""
+        from coldharbor import lake
+
+        path = f"{self.lake_root}/{self.table.replace('.', '/')}"
+        while True:
+            snap = lake.snapshot(self.spark, path)
+            if snap is not None and len(snap.files) >= count:
+                return
+            self.committed_write("insert" if self.free_keys() else "update")
+            self.export()
+
+    # -- reports --------------------------------------------------------------------------------
+
+    def serve(self, *extra: str) -> tuple[int, str]:
+        from coldharbor import serve_cli
+
+        run_id = f"cs-{uuid.uuid4().hex[:12]}"
+        code = serve_cli.main(["--lake-root", self.lake_root, "--sql", f"SELECT id, v FROM {self.table}",
+                               "--target", self.target, "--run-id", run_id, *extra])
+        error = self.conn.execute("SELECT error FROM coldharbor.report_runs WHERE run_id = %s", (run_id,)).fetchone()
+        return code, (error[0] if error else None) or ""
+
+    def served(self) -> dict[int, str]:
+        return {r[0]: r[1] for r in self.conn.execute(f"SELECT id, v FROM reports.{self.target}")}
+
+    def compare(self, actual: dict[int, str], expected: dict[int, str], what: str) -> None:
+        if actual == expected:
+            return
+        stale = {k: (actual[k], expected[k]) for k in actual.keys() & expected.keys() if actual[k] != expected[k]}
+        self.fail(f"{what} differs from the model: missing {sorted(expected.keys() - actual.keys())}, "
+                  f"extra (resurrected or never written) {sorted(actual.keys() - expected.keys())}, "
+                  f"stale (served, expected) {stale}")
+
+    def report(self) -> None:
+        code, error = self.serve()
+        if code != 0:
+            self.fail(f"report failed with exit {code}: {error}")
+        self.reports += 1
+        self.compare(self.served(), self.model.rows, "report")
+        self.trace.append(f"report: {len(self.model.rows)} rows match")
+
+    def report_as_of(self) -> None:
+        at, _ = self.rng.choice(self.model.history)
+        code, error = self.serve("--as-of", at.isoformat())
+        if code == 0:
+            self.reports += 1
+            self.compare(self.served(), self.model.as_of(at), f"report as of {at.isoformat()}")
+            self.trace.append(f"report as of {at.isoformat()}: {len(self.model.as_of(at))} rows match")
+        elif "is not in the lake yet" in error:
+            if not self.unexported_before(at):
+                self.fail(f"as-of {at.isoformat()} was refused as not in the lake, but every change committed "
+                          f"by then is flushed: {error}")
+            self.trace.append(f"report as of {at.isoformat()}: refused, not in the lake yet (correct)")
+        elif "cannot be answered exactly" in error:
+            if not self.exported_together_around(at):
+                self.fail(f"as-of {at.isoformat()} was refused as inside a span of changes exported together, "
+                          f"but the lake has no such span: {error}")
+            self.trace.append(f"report as of {at.isoformat()}: refused, inside a span exported together (correct)")
+        else:
+            self.fail(f"report as of {at.isoformat()} failed with exit {code}: {error}")
+
+    def exported_together_around(self, at) -> bool:
+        """Whether the lake has a key whose changes before and after `at` went out in one export."""
+        from pyspark.sql import functions as F
+
+        rows = self.spark.read.format("delta").load(f"{self.lake_root}/{self.table.replace('.', '/')}")
+        return rows.filter((F.col("_ch_first_changed_at") <= F.lit(at)) & (F.col("_ch_changed_at") > F.lit(at))
+                           ).limit(1).count() > 0
+
+    def unexported_before(self, at) -> bool:
+        """Whether some change committed at or before `at` is not flushed to the lake."""
+        return self.conn.execute("""
+            SELECT EXISTS (SELECT 1 FROM coldharbor.change_log c JOIN coldharbor.tables t USING (table_id)
+                            WHERE t.schema_name || '.' || t.table_name = %s AND c.flushed_at IS NULL
+                              AND coalesce(pg_xact_commit_timestamp(c.xmin), c.created_at) <= %s)""",
+                                 (self.table, at)).fetchone()[0]
+
+    # -- the sequence ---------------------------------------------------------------------------
+
+    def step(self, index: int, crash_at: dict[int, str]) -> None:
+        if self.held is not None and index >= self.held.commit_after:
+            self.commit_held()
+        if index in crash_at:
+            self.crash(crash_at[index])
+            return
+        kinds, weights = zip(*WEIGHTS.items())
+        kind = self.rng.choices(kinds, weights)[0]
+        if kind in WRITE_STEPS:
+            self.committed_write(kind)
+        elif kind == "hold_open":
+            self.hold_open(index)
+        elif kind == "export":
+            self.export()
+        elif kind == "export_with_writer":
+            self.export(writer_at=self.rng.choice(EXPORT_HOOK_POINTS))
+        elif kind == "compact":
+            self.compact()
+        elif kind == "cleanup":
+            self.cleanup()
+        elif kind == "purge":
+            self.purge()
+        elif kind == "report":
+            self.report()
+        else:
+            self.report_as_of()
+
+    def finish(self) -> None:
+        """Everything committed and exported, then a last report now and one as of each of a few
+        past instants."""
+        self.commit_held()
+        self.export()
+        self.report()
+        for _ in range(2):
+            self.report_as_of()
+
+    def close(self) -> None:
+        if self.held is not None:
+            self.held.conn.rollback()
+            self.held.conn.close()
+        self.conn.close()
+
+
+@dataclass
+class Outcome:
+    seed: int
+    steps: int
+    reports: int
+    crashes: list[str]
+    trace: list[str]
+
+
+def run_sequence(seed: int, steps: int, crash_points: list[str], *, spark, dsn: str, workdir: Path) -> Outcome:
+    """One seeded sequence of `steps` random steps with the given crash points spread over it."""
+    run = Run(seed, spark, dsn, str(workdir / f"lake-{seed}"), workdir)
+    rng = random.Random(seed * 7919)
+    slots = sorted(rng.sample(range(2, steps), len(crash_points))) if crash_points else []
+    crash_at = dict(zip(slots, crash_points))
+    try:
+        for index in range(steps):
+            run.step(index, crash_at)
+        run.finish()
+        missing = set(crash_points) - set(run.crashes)
+        if missing:
+            raise CrashPointNotReached(f"seed {seed}: crash points never exercised: {sorted(missing)}")
+        return Outcome(seed, steps, run.reports, run.crashes, run.trace)
+    finally:
+        run.close()

@@ -1,0 +1,31 @@
+"""The consistency suite's fast profile: fixed seeds, each crash point exercised once across them.
+
+The long profile is `make consistency` (tests/consistency/long_run.py): many seeds, one summary line.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.consistency.harness import CRASH_POINTS, run_sequence
+
+# seed -> the crash points that seed injects; together they cover every point.
+FAST_SEEDS = {
+    1: ["after_read", "during_mark"],
+    2: ["during_write", "compact_during_write"],
+    3: ["after_commit", "during_vacuum"],
+}
+STEPS = 24
+
+
+def test_the_fast_seeds_cover_every_crash_point():
+    assert sorted(p for points in FAST_SEEDS.values() for p in points) == sorted(CRASH_POINTS)
+
+
+@pytest.mark.parametrize("seed", sorted(FAST_SEEDS))
+def test_random_sequence_matches_the_model(seed, spark, pg_dsn, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    outcome = run_sequence(seed, STEPS, FAST_SEEDS[seed], spark=spark, dsn=pg_dsn, workdir=tmp_path)
+    print(f"seed {seed}: {outcome.steps} steps, {outcome.reports} reports checked, crashes at {outcome.crashes}")
+    assert outcome.reports >= 3
+    assert sorted(outcome.crashes) == sorted(FAST_SEEDS[seed])

@@ -71,7 +71,6 @@ class Run:
     spark: object
     dsn: str
     lake_root: str
-    workdir: Path
     rng: random.Random = field(init=False)
     model: Model = field(default_factory=Model)
     table: str = field(init=False)
@@ -80,6 +79,7 @@ class Run:
     counter: int = 0
     reports: int = 0
     crashes: list[str] = field(default_factory=list)
+    export_instants: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -151,7 +151,8 @@ class Run:
             writes += [("del", old, None), ("put", new, value)]
         elif kind in ("bulk_update", "bulk_delete") and hot:
             modulus = rng.randint(2, 4)
-            chosen = [k for k in hot if k % modulus == rng.randrange(modulus)] if hot else []
+            residue = rng.randrange(modulus)
+            chosen = [k for k in hot if k % modulus == residue]
             if kind == "bulk_update":
                 value = self.value()
                 conn.execute(f"UPDATE {t} SET v = %s || '-' || id WHERE id = ANY(%s)", (value, chosen))
@@ -207,6 +208,9 @@ class Run:
         if made:
             self.model.apply(made)
             self.stamp()
+        # An instant right after an export: as-of reports there are answerable unless a writer
+        # committed inside it (the final as-of checks use these).
+        self.export_instants.append(self.conn.execute("SELECT clock_timestamp()").fetchone()[0])
         self.trace.append(f"export{f' with {kind} at {writer_at}' if writer_at else ''}: {result.status} "
                           f"batch {result.batch_id} rows {result.rows}{f' writer {made}' if made else ''}")
 
@@ -314,8 +318,9 @@ class Run:
         self.compare(self.served(), self.model.rows, "report")
         self.trace.append(f"report: {len(self.model.rows)} rows match")
 
-    def report_as_of(self) -> None:
-        at, _ = self.rng.choice(self.model.history)
+    def report_as_of(self, at=None) -> None:
+        if at is None:
+            at, _ = self.rng.choice(self.model.history)
         code, error = self.serve("--as-of", at.isoformat())
         if code == 0:
             self.reports += 1
@@ -380,13 +385,14 @@ class Run:
             self.report_as_of()
 
     def finish(self) -> None:
-        """Everything committed and exported, then a last report now and one as of each of a few
-        past instants."""
+        """Everything committed and exported, then a last report now, two as of past instants and
+        one as of an instant right after an export."""
         self.commit_held()
         self.export()
         self.report()
         for _ in range(2):
             self.report_as_of()
+        self.report_as_of(self.rng.choice(self.export_instants))
 
     def close(self) -> None:
         if self.held is not None:
@@ -406,7 +412,7 @@ class Outcome:
 
 def run_sequence(seed: int, steps: int, crash_points: list[str], *, spark, dsn: str, workdir: Path) -> Outcome:
     """One seeded sequence of `steps` random steps with the given crash points spread over it."""
-    run = Run(seed, spark, dsn, str(workdir / f"lake-{seed}"), workdir)
+    run = Run(seed, spark, dsn, str(workdir / f"lake-{seed}"))
     rng = random.Random(seed * 7919)
     slots = sorted(rng.sample(range(2, steps), len(crash_points))) if crash_points else []
     crash_at = dict(zip(slots, crash_points))

@@ -17,13 +17,13 @@ T0 = datetime(2026, 1, 1, 12, 0, 0)
 
 def test_to_lake_rows_casts_to_the_lake_types_and_adds_metadata(spark):
     images = spark.createDataFrame(
-        [(1, "10.50", 7, False, T0, T0, [6, 7])],
+        [(1, "10.50", 7, False, T0, T0, T0, [6, 7])],
         "id INT, amount STRING, _ch_seq LONG, _ch_deleted BOOLEAN, _ch_changed_at TIMESTAMP, "
-        "_ch_oldest_change_at TIMESTAMP, _ch_change_ids ARRAY<LONG>")
+        "_ch_first_changed_at TIMESTAMP, _ch_oldest_change_at TIMESTAMP, _ch_change_ids ARRAY<LONG>")
     columns = [LakeColumn("id", "bigint", "LONG", 1), LakeColumn("amount", "numeric(10,2)", "DECIMAL(10,2)", None)]
     rows = images.transform(to_lake_rows(columns, batch_id=42, exported_at=T0))
     assert rows.columns == ["id", "amount", "_ch_seq", "_ch_deleted", "_ch_changed_at", "_ch_batch_id",
-                            "_ch_exported_at"]
+                            "_ch_exported_at", "_ch_first_changed_at"]
     assert dict(rows.dtypes)["id"] == "bigint"
     assert dict(rows.dtypes)["amount"] == "decimal(10,2)"
     row = rows.first()

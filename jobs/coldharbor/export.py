@@ -92,6 +92,9 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
             log.warning("%s: columns added in PostgreSQL: %s (the lake table gains them, NULL in older rows); "
                         "dropped: %s (the lake keeps them, NULL in new rows)", table.qualified_name,
                         ", ".join(change.added) or "none", ", ".join(change.dropped) or "none")
+        if change.widened:
+            log.warning("%s: column types widened in PostgreSQL: %s; the lake table is rewritten with them first",
+                        table.qualified_name, ", ".join(f"{c} -> {t}" for c, t in change.widened))
         if change.metadata_added:
             log.info("%s: the lake table gains metadata column(s) %s (NULL in older rows)", table.qualified_name,
                      ", ".join(change.metadata_added))
@@ -108,6 +111,10 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         if faults.armed("during_write"):
             rows = faults.crash_inside_tasks(rows, "during_write")
         with pg.lake_commit_lock(conn, table.table_id, path):
+            if change.widened:
+                lake.widen_columns(spark, path, change.widened, table.partition_by,
+                                   {"operation": "coldharbor-widen", "run_id": config.run_id,
+                                    "columns": dict(change.widened)})
             lake.append_batch(rows, path,
                               app_id=app_id, batch_id=batch.batch_id, partition_by=table.partition_by,
                               metadata={"app_id": app_id, "batch_id": batch.batch_id, "run_id": config.run_id,

@@ -50,6 +50,13 @@ def key_match(columns: Sequence[LakeColumn]) -> sql.Composable:
         for c in columns if c.is_key)
 
 
+def row_missing(columns: Sequence[LakeColumn]) -> sql.Composable:
+    """True when the dirty key has no row left in `t`: key columns are never NULL in a row
+    (a primary key's, or an entity view's row_id), so a NULL one means the LEFT JOIN found none."""
+    first = next(c for c in columns if c.is_key)
+    return sql.SQL("t.{} IS NULL").format(sql.Identifier(first.name))
+
+
 def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
                        changed_at: sql.Composable = sql.SQL("created_at")) -> sql.Composed:
     """One row per dirty key: its image now (or a delete marker), newest change id, all change ids."""
@@ -65,7 +72,7 @@ def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
             WHERE table_id = {table_id} AND flushed_at IS NULL
             GROUP BY key)
         SELECT {columns},
-               t.ctid IS NULL AS {deleted},
+               {missing} AS {deleted},
                d.change_seq AS {seq},
                d.changed_at AS {changed_at},
                d.first_changed_at AS {first_changed_at},
@@ -77,7 +84,7 @@ def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
         deleted=sql.Identifier(DELETED), seq=sql.Identifier(SEQ), changed_at=sql.Identifier(CHANGED_AT),
         first_changed_at=sql.Identifier(FIRST_CHANGED_AT),
         oldest=sql.Identifier(OLDEST_CHANGE_AT), change_ids=sql.Identifier(CHANGE_IDS),
-        table=table.identifier, key_match=key_match(columns), change_time=changed_at)
+        table=table.identifier, key_match=key_match(columns), change_time=changed_at, missing=row_missing(columns))
 
 
 def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget,

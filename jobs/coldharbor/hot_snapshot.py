@@ -71,11 +71,12 @@ def _changes_since(table: RegisteredTable, pinned_version: int) -> sql.Composed:
 def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], pinned_version: int) -> sql.Composed:
     return sql.SQL("""
         WITH dirty AS (SELECT DISTINCT key FROM ({changes}) changes)
-        SELECT {columns}, t.ctid IS NULL AS {deleted}
+        SELECT {columns}, {missing} AS {deleted}
         FROM dirty d LEFT JOIN {table} t ON {key_match}""").format(
         changes=_changes_since(table, pinned_version),
         columns=sql.SQL(", ").join(hot_reader.column_expr(c) for c in columns),
-        deleted=sql.Identifier(DELETED), table=table.identifier, key_match=hot_reader.key_match(columns))
+        deleted=sql.Identifier(DELETED), table=table.identifier, key_match=hot_reader.key_match(columns),
+        missing=hot_reader.row_missing(columns))
 
 
 def whole_table_query(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sql.Composed:

@@ -51,12 +51,16 @@ def append_batch(rows: DataFrame, path: str, *, app_id: str, batch_id: int,
               .option("txnAppId", app_id)
               .option("txnVersion", batch_id)
               .option("userMetadata", json.dumps(dict(metadata), sort_keys=True)))
+    _save(writer, path, partition_by, "the Delta commit to")
+
+
+def _save(writer, path: str, partition_by: Sequence[str], what: str) -> None:
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     try:
         writer.save(path)
     except Exception as exc:
-        raise LakeUnavailableError(f"the Delta commit to {path} failed: {jvm_message(exc)}") from exc
+        raise LakeUnavailableError(f"{what} {path} failed: {jvm_message(exc)}") from exc
 
 
 @dataclass(frozen=True)
@@ -64,12 +68,23 @@ class SchemaChange:
     added: tuple[str, ...]     # in PostgreSQL, not yet in the lake: added by the next commit
     dropped: tuple[str, ...]   # in the lake, gone from PostgreSQL: kept, NULL in new rows
     metadata_added: tuple[str, ...] = ()  # Coldharbor metadata columns newer than the lake table
+    widened: tuple[tuple[str, str], ...] = ()  # (column, wider type): the lake table is rewritten first
+
+
+# Type changes every value survives, as (lake type, new type) simple strings. An entity attribute
+# that goes from integer to number is bigint -> double (exact up to 2^53, as JSON numbers are).
+SAFE_WIDENINGS = frozenset({
+    ("smallint", "int"), ("smallint", "bigint"), ("smallint", "double"), ("int", "bigint"), ("int", "double"),
+    ("bigint", "double"), ("float", "double"),
+})
 
 
 def schema_change(spark: SparkSession, path: str, wanted: StructType, table: str) -> SchemaChange:
     """How the lake table's columns differ from the rows about to be written.
 
-    A column whose type changed cannot be written: ConfigError naming it, before anything is.
+    A column whose type changed cannot be written, unless the change is a safe widening: then the
+    change lists it and the export rewrites the table first (`widen_columns`). Any other type
+    change is a ConfigError naming the column, before anything is written.
     """
     from delta.tables import DeltaTable
 
@@ -78,16 +93,33 @@ def schema_change(spark: SparkSession, path: str, wanted: StructType, table: str
     current = {f.name: f.dataType for f in DeltaTable.forPath(spark, path).toDF().schema.fields}
     changed = [(f.name, current[f.name], f.dataType) for f in wanted.fields
                if f.name in current and current[f.name] != f.dataType]
-    if changed:
-        name, old, new = changed[0]
+    unsafe = [c for c in changed if (c[1].simpleString(), c[2].simpleString()) not in SAFE_WIDENINGS]
+    if unsafe:
+        name, old, new = unsafe[0]
         raise ConfigError(f"cannot export {table}: column {name} is {new.simpleString()} in PostgreSQL now but "
                           f"{old.simpleString()} in the lake table at {path}; a type change is not carried over "
-                          "(change the column back, or move the lake table aside and register the table again "
-                          "to export it whole); nothing was exported")
+                          "unless it widens safely (change the column back, or move the lake table aside and "
+                          "register the table again to export it whole); nothing was exported")
     names = {f.name for f in wanted.fields}
     return SchemaChange(tuple(f.name for f in wanted.fields if f.name not in current),
                         tuple(n for n in current if n not in names and n not in METADATA_COLUMNS),
-                        tuple(n for n in METADATA_COLUMNS if n not in current))
+                        tuple(n for n in METADATA_COLUMNS if n not in current),
+                        tuple((name, new.simpleString()) for name, _, new in changed))
+
+
+def widen_columns(spark: SparkSession, path: str, widened: Sequence[tuple[str, str]],
+                  partition_by: Sequence[str], metadata: Mapping[str, object]) -> None:
+    """Rewrites the table with the widened column types, every row and version kept, in one
+    commit. Delta has no in-place long -> double widening; older versions keep their files, so
+    reports pinned before the rewrite still read them (and cast them to the new type)."""
+    from pyspark.sql import functions as F
+
+    types = dict(widened)
+    rows = spark.read.format("delta").load(path)
+    rows = rows.select(*[F.col(c).cast(types[c]).alias(c) if c in types else F.col(c) for c in rows.columns])
+    writer = (rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+              .option("userMetadata", json.dumps(dict(metadata), sort_keys=True)))
+    _save(writer, path, partition_by, "widening the columns of")
 
 
 def find_batch_commit(spark: SparkSession, path: str, app_id: str, batch_id: int,

@@ -29,7 +29,7 @@ from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor import lake, maintenance_runs, pg, purge_predicate, registry, settings
+from coldharbor import hot_reader, lake, maintenance_runs, pg, purge_predicate, registry, settings
 from coldharbor.cleanup import DELTA_GUARD_HOURS, check_retention, vacuum_files
 from coldharbor.errors import LakeUnavailableError, TableBusyError
 from coldharbor.job_main import run_job
@@ -105,7 +105,7 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
         conn.execute("SELECT set_config('coldharbor.evicting', 'on', true)")  # no change rows for the purge
         hot_keys = conn.execute(sql.SQL("DELETE FROM {} WHERE {} RETURNING {}").format(
             table.identifier, sql.SQL(predicate.postgres),
-            sql.SQL(", ").join(sql.Identifier(k) for k in key_names))).fetchall()
+            sql.SQL(", ").join(_as_lake_value(c) for c in keys))).fetchall()
         conn.execute("SELECT set_config('coldharbor.evicting', 'off', true)")
         result.hot_rows_deleted = len(hot_keys)
         all_keys = set(hot_keys)
@@ -137,6 +137,13 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
              result.keys_purged, result.lake_rows_deleted, result.lake_version, result.change_log_deleted,
              result.files_vacuumed, result.remaining)
     return result
+
+
+def _as_lake_value(column: LakeColumn) -> sql.Composable:
+    """A key column as the lake holds it (uuid as text), so hot and lake keys compare equal."""
+    if column.pg_type in hot_reader.AS_TEXT:
+        return sql.SQL("{}::text").format(sql.Identifier(column.name))
+    return sql.Identifier(column.name)
 
 
 def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], keys: list[tuple],

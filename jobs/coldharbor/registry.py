@@ -35,6 +35,7 @@ class RegisteredTable:
     partition_by: tuple[str, ...]
     sort_by: tuple[str, ...]
     hot_retention: timedelta | None = None   # None: rows are never evicted from the hot tier
+    source_kind: str = "table"               # table | entity (an entity schema read through its view)
 
     @property
     def qualified_name(self) -> str:
@@ -49,7 +50,7 @@ class RegisteredTable:
 
 
 _SELECT = """SELECT table_id, schema_name, table_name, key_columns, lake_location, partition_by, sort_by,
-                    hot_retention
+                    hot_retention, source_kind
              FROM coldharbor.tables"""
 
 
@@ -72,7 +73,7 @@ def load(conn: psycopg.Connection, name: str | None = None) -> list[RegisteredTa
         if not rows:
             raise UnknownTableError(f"table {name} is not registered with coldharbor "
                                     "(register it with SELECT coldharbor.register_table(...))")
-    return [RegisteredTable(r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple(r[6]), r[7]) for r in rows]
+    return [RegisteredTable(r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple(r[6]), r[7], r[8]) for r in rows]
 
 
 def lake_columns(conn: psycopg.Connection, table: RegisteredTable) -> list[LakeColumn]:
@@ -85,6 +86,9 @@ def lake_columns(conn: psycopg.Connection, table: RegisteredTable) -> list[LakeC
             psycopg.errors.UndefinedTable) as exc:
         raise ConfigError(f"cannot export {table.qualified_name}: {exc.diag.message_primary}") from exc
     columns = [LakeColumn(*row) for row in rows]
+    if table.source_kind == "entity":
+        # An entity view has no primary key in the catalog; its records are keyed by row_id.
+        columns = [LakeColumn(c.name, c.pg_type, c.lake_type, 1 if c.name == "row_id" else None) for c in columns]
     keys = tuple(c.name for c in sorted((c for c in columns if c.is_key), key=lambda c: c.key_position))
     if keys != table.key_columns:
         raise ConfigError(f"cannot export {table.qualified_name}: its primary key is now ({', '.join(keys)}) "

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from coldharbor import pg, settings
-from tests.helpers import PROJECT, dirty_ids, pg_rows, spark_submit_export
+from tests.helpers import dirty_ids, pg_rows, spark_submit_export
 
 ACCESS_KEY, SECRET_KEY = "coldharbor", "minio-test-secret"
 BUCKET = "coldharbor-lake"

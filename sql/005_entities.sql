@@ -310,11 +310,16 @@ BEGIN
 END;
 $$;
 
--- (Re)creates entities.<name>: one typed row per record of any version of the schema. Each
--- attribute reads its slot or its eav_data row, per version, cast to its latest (widest) type.
-CREATE FUNCTION coldharbor.entity_refresh_view(p_name text)
-RETURNS void
-LANGUAGE plpgsql AS $$
+-- The SELECT that flattens the records of one schema into typed wide rows: row_id,
+-- schema_version, updated_at, then every attribute of every version (first version first, then
+-- by name), each read from its slot or its eav_data row per version and cast to its latest
+-- (widest) type. Without p_row_ids it reads every record, one LATERAL aggregate per record (the
+-- view: cheap for the few records a filter or a join picks). With p_row_ids, a subquery yielding
+-- uuids, it reads only those records and aggregates their eav_data rows in one grouped pass
+-- (what the export uses for a batch: no per-record work).
+CREATE FUNCTION coldharbor.entity_flatten_sql(p_name text, p_row_ids text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_ids      text;
     v_version  text;
@@ -324,67 +329,75 @@ DECLARE
     g          record;
     v_expr     text;
     v_cases    text;
-    v_eav_expr text;
 BEGIN
     SELECT string_agg(schema_id::text, ', ' ORDER BY version),
            'CASE m.schema_id ' || string_agg(format('WHEN %s THEN %s', schema_id, version), ' ' ORDER BY version) || ' END'
       INTO v_ids, v_version
       FROM coldharbor.entity_schemas WHERE name = p_name;
     IF v_ids IS NULL THEN
-        RAISE EXCEPTION 'unknown entity schema %', quote_literal(p_name) USING ERRCODE = 'undefined_object';
+        RAISE EXCEPTION 'unknown entity schema %', coalesce(quote_literal(p_name), 'NULL') USING ERRCODE = 'undefined_object';
     END IF;
 
     FOR r IN
-        WITH a AS (
-            SELECT s.schema_id, s.version, e.key AS attr, e.value ->> 'kind' AS kind, e.value ->> 'slot' AS slot
-              FROM coldharbor.entity_schemas s, jsonb_each(s.attributes) e
-             WHERE s.name = p_name)
-        SELECT attr, (array_agg(kind ORDER BY version DESC))[1] AS kind, min(version) AS since,
-               count(*) AS in_versions, bool_or(slot IS NULL) AS any_eav
-          FROM a GROUP BY attr ORDER BY min(version), attr
+        SELECT e.key AS attr, (array_agg(e.value ->> 'kind' ORDER BY s.version DESC))[1] AS kind,
+               bool_or(e.value ->> 'slot' IS NULL) AS any_eav
+          FROM coldharbor.entity_schemas s, jsonb_each(s.attributes) e
+         WHERE s.name = p_name
+         GROUP BY e.key ORDER BY min(s.version), e.key
     LOOP
-        -- Each storage place (a slot, or eav_data) with the versions that keep the attribute there.
+        -- Each storage place (a slot, or eav_data) with the versions that keep the attribute there;
+        -- one place used by every version needs no CASE.
         v_cases := '';
+        v_expr := NULL;
         FOR g IN
-            SELECT coalesce(e.value ->> 'slot', '') AS slot, string_agg(s.schema_id::text, ', ') AS ids, count(*) AS n
+            SELECT coalesce(e.value ->> 'slot', '') AS slot, string_agg(s.schema_id::text, ', ') AS ids,
+                   count(*) = (SELECT count(*) FROM coldharbor.entity_schemas WHERE name = p_name) AS everywhere
               FROM coldharbor.entity_schemas s, jsonb_each(s.attributes) e
              WHERE s.name = p_name AND e.key = r.attr
              GROUP BY 1
         LOOP
             v_expr := CASE WHEN g.slot = '' THEN format('e.%I', r.attr) ELSE format('m.%I', g.slot) END;
             v_cases := v_cases || format(' WHEN m.schema_id IN (%s) THEN %s', g.ids, v_expr);
+            IF NOT g.everywhere THEN
+                v_expr := NULL;
+            END IF;
         END LOOP;
-        SELECT CASE WHEN count(*) = 1 AND min(n) = (SELECT count(*) FROM coldharbor.entity_schemas WHERE name = p_name)
-                    THEN min(CASE WHEN slot = '' THEN format('e.%I', r.attr) ELSE format('m.%I', slot) END) END
-          INTO v_expr
-          FROM (SELECT coalesce(e.value ->> 'slot', '') AS slot, count(*) AS n
-                  FROM coldharbor.entity_schemas s, jsonb_each(s.attributes) e
-                 WHERE s.name = p_name AND e.key = r.attr GROUP BY 1) places;
-        v_expr := coalesce(v_expr, 'CASE' || v_cases || ' END');
+        IF v_expr IS NULL THEN
+            v_expr := 'CASE' || v_cases || ' END';
+        END IF;
         v_columns := v_columns || format(', (%s)::%s AS %I', v_expr, coldharbor.entity_kind_type(r.kind), r.attr);
         IF r.any_eav THEN
-            v_eav_expr := format(CASE r.kind
-                WHEN 'number' THEN 'max(coalesce(e.value_number, e.value_integer::double precision)) FILTER (WHERE e.attribute = %L)'
-                WHEN 'boolean' THEN 'bool_or(e.value_boolean) FILTER (WHERE e.attribute = %L)'
-                WHEN 'json' THEN '(array_agg(e.value_json) FILTER (WHERE e.attribute = %L))[1]'
-                ELSE 'max(e.value_' || r.kind || ') FILTER (WHERE e.attribute = %L)' END, r.attr);
-            v_eav := v_eav || format(', %s AS %I', v_eav_expr, r.attr);
+            v_eav := v_eav || format(', any_value(%s) FILTER (WHERE e.attribute = %L) AS %I',
+                CASE r.kind WHEN 'number' THEN 'coalesce(e.value_number, e.value_integer::double precision)'
+                            ELSE 'e.value_' || r.kind END, r.attr, r.attr);
         END IF;
     END LOOP;
 
+    RETURN format('SELECT m.row_id, (%s)::integer AS schema_version, m.updated_at%s FROM coldharbor.entity_main m%s '
+                  'WHERE m.schema_id IN (%s)%s',
+        v_version, v_columns,
+        CASE WHEN v_eav = '' THEN ''
+             WHEN p_row_ids IS NULL THEN format(
+                 ' LEFT JOIN LATERAL (SELECT %s FROM coldharbor.eav_data e WHERE e.row_id = m.row_id) e ON true',
+                 substr(v_eav, 3))
+             ELSE format(' LEFT JOIN (SELECT e.row_id AS _ch_row_id%s FROM coldharbor.eav_data e '
+                         'WHERE e.row_id IN (%s) GROUP BY e.row_id) e ON e._ch_row_id = m.row_id', v_eav, p_row_ids) END,
+        v_ids,
+        CASE WHEN p_row_ids IS NULL THEN '' ELSE format(' AND m.row_id IN (%s)', p_row_ids) END);
+END;
+$$;
+
+-- (Re)creates the view entities.<name> over every record of the schema.
+CREATE FUNCTION coldharbor.entity_refresh_view(p_name text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_select text := coldharbor.entity_flatten_sql(p_name);
+BEGIN
     IF to_regclass(format('entities.%I', p_name)) IS NOT NULL THEN
         EXECUTE format('DROP VIEW entities.%I', p_name);
     END IF;
-    EXECUTE format($v$
-        CREATE VIEW entities.%I AS
-        SELECT m.row_id, (%s)::integer AS schema_version, m.updated_at%s
-          FROM coldharbor.entity_main m%s
-         WHERE m.schema_id IN (%s)$v$,
-        p_name, v_version, v_columns,
-        CASE WHEN v_eav = '' THEN '' ELSE format(
-            ' LEFT JOIN LATERAL (SELECT %s FROM coldharbor.eav_data e WHERE e.row_id = m.row_id) e ON true',
-            substr(v_eav, 3)) END,
-        v_ids);
+    EXECUTE format('CREATE VIEW entities.%I AS %s', p_name, v_select);
     -- Deleting from the view deletes the records (the purge job deletes through it).
     EXECUTE format('CREATE TRIGGER entity_delete INSTEAD OF DELETE ON entities.%I '
                    'FOR EACH ROW EXECUTE FUNCTION coldharbor.entity_view_delete()', p_name);

@@ -57,8 +57,20 @@ def row_missing(columns: Sequence[LakeColumn]) -> sql.Composable:
     return sql.SQL("t.{} IS NULL").format(sql.Identifier(first.name))
 
 
+def source_relation(conn: psycopg.Connection, table: RegisteredTable) -> sql.Composable:
+    """What the dirty keys are joined to: the table itself, or for an entity schema the
+    flattening of just the dirty records (one grouped pass over their eav_data rows instead of
+    the view's aggregate per record). Both read the CTE `dirty` of the query they sit in."""
+    if table.source_kind != "entity":
+        return table.identifier
+    flatten = conn.execute("SELECT coldharbor.entity_flatten_sql(%s, %s)",
+                           (table.table_name, "SELECT (dk.key ->> 'row_id')::uuid FROM dirty dk")).fetchone()[0]
+    return sql.SQL("({})").format(sql.SQL(flatten))
+
+
 def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
-                       changed_at: sql.Composable = sql.SQL("created_at")) -> sql.Composed:
+                       changed_at: sql.Composable = sql.SQL("created_at"),
+                       relation: sql.Composable | None = None) -> sql.Composed:
     """One row per dirty key: its image now (or a delete marker), newest change id, all change ids."""
     return sql.SQL("""
         WITH dirty AS (
@@ -84,7 +96,8 @@ def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
         deleted=sql.Identifier(DELETED), seq=sql.Identifier(SEQ), changed_at=sql.Identifier(CHANGED_AT),
         first_changed_at=sql.Identifier(FIRST_CHANGED_AT),
         oldest=sql.Identifier(OLDEST_CHANGE_AT), change_ids=sql.Identifier(CHANGE_IDS),
-        table=table.identifier, key_match=key_match(columns), change_time=changed_at, missing=row_missing(columns))
+        table=relation or table.identifier, key_match=key_match(columns), change_time=changed_at,
+        missing=row_missing(columns))
 
 
 def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget,
@@ -94,7 +107,7 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
     A JDBC DataFrame re-runs its query on every action; the eager local checkpoint makes the
     rows written to the lake and the change ids marked flushed come from the same single read.
     """
-    query = dirty_images_query(table, columns, change_time(conn)).as_string(conn)
+    query = dirty_images_query(table, columns, change_time(conn), source_relation(conn, table)).as_string(conn)
     images = (spark.read.format("jdbc").options(**jdbc.options())
               .option("query", query)
               .option("fetchsize", JDBC_FETCH_SIZE)

@@ -68,14 +68,15 @@ def _changes_since(table: RegisteredTable, pinned_version: int) -> sql.Composed:
         table_id=sql.Literal(table.table_id), version=sql.Literal(pinned_version))
 
 
-def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], pinned_version: int) -> sql.Composed:
+def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], pinned_version: int,
+                       relation: sql.Composable | None = None) -> sql.Composed:
     return sql.SQL("""
         WITH dirty AS (SELECT DISTINCT key FROM ({changes}) changes)
         SELECT {columns}, {missing} AS {deleted}
         FROM dirty d LEFT JOIN {table} t ON {key_match}""").format(
         changes=_changes_since(table, pinned_version),
         columns=sql.SQL(", ").join(hot_reader.column_expr(c) for c in columns),
-        deleted=sql.Identifier(DELETED), table=table.identifier, key_match=hot_reader.key_match(columns),
+        deleted=sql.Identifier(DELETED), table=relation or table.identifier, key_match=hot_reader.key_match(columns),
         missing=hot_reader.row_missing(columns))
 
 
@@ -139,7 +140,8 @@ def read(conn: psycopg.Connection, pinned: Mapping[int, int | None], tables: Seq
                 raise LakeUnavailableError(f"the lake table of {table.qualified_name} is missing, but changes of it "
                                            "were flushed there; the lake location is wrong or was removed")
             since = -1 if version is None else version
-            images = _fetch_arrow(conn, dirty_images_query(table, columns, since), columns)
+            images = _fetch_arrow(conn, dirty_images_query(table, columns, since,
+                                                           hot_reader.source_relation(conn, table)), columns)
             result[table.table_id] = HotTable(table, columns, images, _unexported_since(conn, table, since))
             log.info("%s: %s dirty keys against lake version %s", table.qualified_name, images.num_rows, version)
     return HotSnapshot(taken_at, result)

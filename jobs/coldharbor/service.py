@@ -131,7 +131,8 @@ def _end_group(name: str, pgid: int, grace_s: float = 30.0) -> None:
 
 
 def workload(dsn: str, every_s: float = 3.0) -> None:
-    """A few inserts, updates and deletes on the demo table every few seconds, until stopped."""
+    """A few inserts, updates and deletes on the demo table, and a demo customer created,
+    replaced or deleted, every few seconds, until stopped."""
     with pg.connect(dsn) as conn:
         while True:
             top = conn.execute("SELECT coalesce(max(order_id), 0) FROM public.demo_orders").fetchone()[0]
@@ -142,6 +143,13 @@ def workload(dsn: str, every_s: float = 3.0) -> None:
                 conn.execute("UPDATE public.demo_orders SET status = 'paid', updated_at = now() "
                              "WHERE order_id = %s", (random.randint(1, top + 5),))
                 conn.execute("DELETE FROM public.demo_orders WHERE order_id = %s", (random.randint(1, top + 5),))
+            with conn.transaction():
+                stack.put_demo_customer(conn)
+                picked = conn.execute("SELECT row_id FROM entities.demo_customer ORDER BY random() LIMIT 2").fetchall()
+                if picked:
+                    stack.put_demo_customer(conn, picked[0][0])
+                if len(picked) > 1 and random.random() < 0.3:
+                    conn.execute("SELECT coldharbor.delete_entity(%s)", (picked[1][0],))
             time.sleep(every_s)
 
 

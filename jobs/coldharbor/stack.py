@@ -3,12 +3,14 @@
     python -m coldharbor.stack up          start PostgreSQL, apply sql/, write data/coldharbor.env
     python -m coldharbor.stack down        stop PostgreSQL
     python -m coldharbor.stack fetch-jars  resolve Delta and the JDBC driver into the jar cache
-    python -m coldharbor.stack demo        register a demo table, write to it, print what is dirty
+    python -m coldharbor.stack demo        register a demo table and a demo entity schema, write to them,
+                                           print what is dirty
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
@@ -26,6 +28,21 @@ log = logging.getLogger(__name__)
 PG_PORT = int(os.environ.get("COLDHARBOR_PG_PORT", "54329"))
 ENV_FILE = settings.DATA_DIR / "coldharbor.env"
 DEMO_TABLE = "public.demo_orders"
+DEMO_ENTITY = "demo_customer"
+DEMO_ENTITY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "tier": {"type": "string", "enum": ["gold", "silver", "bronze"]},
+        "credit": {"type": "integer"},
+        "country": {"type": "string"},
+        "newsletter": {"type": "boolean"},
+        "joined": {"type": "string", "format": "date"},
+        "preferences": {"type": "object"},
+    },
+    "required": ["name", "tier"],
+}
+DEMO_ENTITY_HOT = ["name", "tier"]
 
 
 def server() -> EmbeddedPostgres:
@@ -106,8 +123,36 @@ def demo(dsn: str, rows: int = 1000) -> None:
         conn.execute("UPDATE public.demo_orders SET status = 'paid', updated_at = now() WHERE order_id = ANY(%s)",
                      (touched[: len(touched) // 2],))
         conn.execute("DELETE FROM public.demo_orders WHERE order_id = ANY(%s)", (touched[len(touched) // 2:],))
+        customers = max(1, rows // 10)
+        demo_entities(conn, customers)
         dirty = conn.execute("SELECT count(*) FROM coldharbor.change_log WHERE flushed_at IS NULL").fetchone()[0]
-    print(f"demo: wrote {rows} orders to {DEMO_TABLE}; {dirty} changes are dirty")
+    print(f"demo: wrote {rows} orders to {DEMO_TABLE} and {customers} records of entity schema {DEMO_ENTITY} "
+          f"(entities.{DEMO_ENTITY}); {dirty} changes are dirty")
+
+
+def demo_entities(conn, records: int) -> None:
+    """The demo entity schema (defined and registered once) and some records written through the
+    validating write helper."""
+    defined = conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.entity_schemas WHERE name = %s)",
+                           (DEMO_ENTITY,)).fetchone()[0]
+    if not defined:
+        conn.execute("SELECT coldharbor.define_entity_schema(%s, %s::jsonb, %s)",
+                     (DEMO_ENTITY, json.dumps(DEMO_ENTITY_SCHEMA), DEMO_ENTITY_HOT))
+    conn.execute("SELECT coldharbor.register_entity_schema(%s)", (DEMO_ENTITY,))
+    for _ in range(records):
+        put_demo_customer(conn)
+
+
+def put_demo_customer(conn, row_id=None):
+    """Creates (or, given a row_id, replaces) one demo customer record; returns its row_id."""
+    document = {"name": f"customer-{random.randint(1, 10_000)}", "tier": random.choice(["gold", "silver", "bronze"]),
+                "credit": random.randint(0, 5_000), "country": random.choice(["NO", "SE", "DK", "FI"]),
+                "newsletter": random.random() < 0.5,
+                "joined": f"2026-{random.randint(1, 12):02d}-{random.randint(1, 28):02d}"}
+    if random.random() < 0.5:
+        document["preferences"] = {"channel": random.choice(["email", "sms"])}
+    return conn.execute("SELECT coldharbor.put_entity(%s, %s::jsonb, %s)",
+                        (DEMO_ENTITY, json.dumps(document), row_id)).fetchone()[0]
 
 
 def main(argv: list[str]) -> int:

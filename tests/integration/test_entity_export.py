@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from coldharbor import lake, registry
 from coldharbor.errors import ConfigError
-from tests.helpers import dirty_ids, export, lake_live, lake_table, pg_rows, serve_report
+from tests.helpers import dirty_ids, export, lake_live, lake_table, pg_rows, report_run, serve_report, spark_submit
 from tests.entities import DOC, SCHEMA, define, put
 
 # The view as the lake types it: uuid and JSON as text, timestamps in UTC.
@@ -170,3 +170,27 @@ def test_purge_deletes_records_in_both_tiers(spark, pg_dsn, pg_conn, entity, lak
     live = lake_rows_of(spark, lake_root, entity)
     assert set(live) == {(str(i),) for i in remaining}
     assert lake_table(spark, lake_root, f"entities.{entity}").filter(F.col("tier") == "silver").count() == 0
+
+
+def test_the_demo_entity_report_runs_under_spark_submit(spark, pg_dsn, pg_conn, lake_root):
+    """The shipped report over the demo entity schema, as its DAG runs it, with dirty records."""
+    from coldharbor import stack
+
+    stack.demo(pg_dsn, rows=300)   # also defines, registers and fills entities.demo_customer
+    export(spark, pg_dsn, f"entities.{stack.DEMO_ENTITY}", lake_root)
+    for (row_id,) in pg_conn.execute("SELECT row_id FROM entities.demo_customer LIMIT 5").fetchall():
+        stack.put_demo_customer(pg_conn, row_id)             # dirty again: replaced documents
+    done = spark_submit("serve_report.py", pg_dsn, lake_root, "--report", "demo_customers_by_tier",
+                        "--param", "min_credit=1000", "--run-id", "entity-report-1")
+    assert done.returncode == 0, done.stdout[-3000:]
+    expected = {(r[0], r[1]): (r[2], float(r[3]), r[4]) for r in pg_conn.execute(
+        """SELECT tier, country, count(*), avg(credit), sum(CASE WHEN newsletter THEN 1 ELSE 0 END)
+           FROM entities.demo_customer WHERE credit >= 1000 GROUP BY tier, country""")}
+    served = {(r[0], r[1]): (r[2], r[3], r[4]) for r in pg_conn.execute(
+        "SELECT tier, country, customers, avg_credit, newsletter_subscribers FROM reports.demo_customers_by_tier")}
+    assert served.keys() == expected.keys() and expected
+    for key, (count, avg, subscribers) in expected.items():
+        assert served[key][0] == count and served[key][2] == subscribers
+        assert abs(served[key][1] - avg) < 1e-6
+    run = report_run(pg_conn, "entity-report-1")
+    assert run["state"] == "succeeded" and run["dirty_rows"][f"entities.{stack.DEMO_ENTITY}"] == 5

@@ -131,8 +131,9 @@ def _end_group(name: str, pgid: int, grace_s: float = 30.0) -> None:
 
 
 def workload(dsn: str, every_s: float = 3.0) -> None:
-    """A few inserts, updates and deletes on the demo table, and a demo customer created,
-    replaced or deleted, every few seconds, until stopped."""
+    """A few inserts, updates and deletes on the demo table every few seconds, and a few demo
+    customers created, replaced or deleted every few minutes, until stopped."""
+    entities_written_at = time.monotonic()
     with pg.connect(dsn) as conn:
         while True:
             top = conn.execute("SELECT coalesce(max(order_id), 0) FROM public.demo_orders").fetchone()[0]
@@ -143,14 +144,26 @@ def workload(dsn: str, every_s: float = 3.0) -> None:
                 conn.execute("UPDATE public.demo_orders SET status = 'paid', updated_at = now() "
                              "WHERE order_id = %s", (random.randint(1, top + 5),))
                 conn.execute("DELETE FROM public.demo_orders WHERE order_id = %s", (random.randint(1, top + 5),))
-            with conn.transaction():
-                stack.put_demo_customer(conn)
-                picked = conn.execute("SELECT row_id FROM entities.demo_customer ORDER BY random() LIMIT 2").fetchall()
-                if picked:
-                    stack.put_demo_customer(conn, picked[0][0])
-                if len(picked) > 1 and random.random() < 0.3:
-                    conn.execute("SELECT coldharbor.delete_entity(%s)", (picked[1][0],))
+            if time.monotonic() - entities_written_at >= ENTITY_EVERY_S:
+                entities_written_at = time.monotonic()
+                _touch_demo_customers(conn)
             time.sleep(every_s)
+
+
+# Demo customers change every few minutes, not every cycle: each dirty source costs one
+# spark-submit a minute, and two every minute would fill the one-slot Spark pool of a 2-core machine.
+ENTITY_EVERY_S = 300.0
+
+
+def _touch_demo_customers(conn) -> None:
+    """One new demo customer, one replaced, and now and then one deleted, in one transaction."""
+    with conn.transaction():
+        stack.put_demo_customer(conn)
+        picked = conn.execute("SELECT row_id FROM entities.demo_customer ORDER BY random() LIMIT 2").fetchall()
+        if picked:
+            stack.put_demo_customer(conn, picked[0][0])
+        if len(picked) > 1 and random.random() < 0.3:
+            conn.execute("SELECT coldharbor.delete_entity(%s)", (picked[1][0],))
 
 
 def main(argv: list[str]) -> int:

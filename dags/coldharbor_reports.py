@@ -4,7 +4,8 @@ Every run serves its interval's report as of the interval's end (an as-of read: 
 PostgreSQL at that time), so a backfill of a past interval gives that interval's report. With a
 `start:` in the header the DAG catches up every interval from then (keep it inside the history
 window); without one it runs forward only. A run whose interval end is not in the lake yet
-fails and is retried after the next export.
+fails and is retried after the next export. A run triggered by hand without a logical date (the
+UI's Trigger button) has no interval and serves the report as of now.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ def report_dag(spec):
                             description=f"{p.type}" + ("" if p.default is not None else " (required)"))
               for p in spec.params}
     args = ["--report", spec.name, "--run-id", "{{ dag.dag_id }}-{{ run_id }}",
-            "--as-of", "{{ data_interval_end.isoformat() }}"]
+            # A run triggered by hand without a logical date has no interval: it serves the report now.
+            "--as-of", "{{ data_interval_end.isoformat() if data_interval_end is defined and data_interval_end "
+                       "else 'now' }}"]
     for p in spec.params:
         args += ["--param", f"{p.name}={{{{ params.{p.name} }}}}"]
 

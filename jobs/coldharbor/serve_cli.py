@@ -38,14 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--as-of", help="answer as PostgreSQL held the data at this ISO-8601 time (UTC if no "
                                         "zone), inside the history window "
                                         f"(${settings.HISTORY_WINDOW_ENV}, default "
-                                        f"{settings.DEFAULT_HISTORY_WINDOW_HOURS:g} hours)")
+                                        f"{settings.DEFAULT_HISTORY_WINDOW_HOURS:g} hours); 'now' or omitted: "
+                                        "the current data")
     parser.add_argument("--lake-root", help=f"lake folder or URI (default: ${settings.LAKE_ROOT_ENV})")
     parser.add_argument("--run-id", help="identifier of this run (default: a new one)")
     return parser
 
 
 def _parse_as_of(raw: str | None) -> datetime | None:
-    if raw is None:
+    if raw is None or raw.strip().lower() == "now":
         return None
     try:
         value = datetime.fromisoformat(raw.strip())

@@ -71,8 +71,8 @@ def test_the_adhoc_form_refuses_bad_input_before_a_run_exists(airflow_home, conf
     assert DagRun.find(dag_id="coldharbor_adhoc_report") == []
 
 
-def test_a_backfilled_interval_is_served_as_of_its_end(airflow_home, spark, pg_dsn, pg_conn, table_name,
-                                                       tmp_path, monkeypatch):
+def report_over_new_table(pg_conn, table_name: str, tmp_path, monkeypatch, value: str) -> tuple[str, str]:
+    """A registered table of 10 rows (v = value) and a report file over it; (report name, lake root)."""
     lake_root = str(tmp_path / "lake")
     reports = tmp_path / "reports"
     reports.mkdir()
@@ -80,10 +80,15 @@ def test_a_backfilled_interval_is_served_as_of_its_end(airflow_home, spark, pg_d
     (reports / f"{name}.sql").write_text(REPORT.format(name=name, table=table_name))
     use_reports(monkeypatch, reports)
     monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", lake_root)
-
     pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
     pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
-    pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 'before' FROM generate_series(1, 10) g")
+    pg_conn.execute(f"INSERT INTO {table_name} SELECT g, %s FROM generate_series(1, 10) g", (value,))
+    return name, lake_root
+
+
+def test_a_backfilled_interval_is_served_as_of_its_end(airflow_home, spark, pg_dsn, pg_conn, table_name,
+                                                       tmp_path, monkeypatch):
+    name, lake_root = report_over_new_table(pg_conn, table_name, tmp_path, monkeypatch, "before")
     export(spark, pg_dsn, table_name, lake_root)
     time.sleep(1.5)
     interval_end = datetime.now(timezone.utc).replace(microsecond=0)
@@ -101,3 +106,19 @@ def test_a_backfilled_interval_is_served_as_of_its_end(airflow_home, spark, pg_d
     recorded = pg_conn.execute("SELECT as_of FROM coldharbor.report_runs WHERE report = %s", (name,)).fetchone()[0]
     assert recorded == interval_end
     assert interval_end < datetime.now(timezone.utc) - timedelta(seconds=2)
+
+
+def test_a_run_triggered_by_hand_serves_the_report_now(airflow_home, spark, pg_dsn, pg_conn, table_name,
+                                                        tmp_path, monkeypatch):
+    """The UI's Trigger button makes a run without a logical date: no interval, so no as-of."""
+    name, lake_root = report_over_new_table(pg_conn, table_name, tmp_path, monkeypatch, "v")
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'dirty' WHERE id = 7")
+
+    run = dagbag().dags[f"coldharbor_report_{name}"].test(logical_date=None, run_conf={"floor": 3})
+    assert run.state == "success", [(ti.task_id, ti.state) for ti in run.get_task_instances()]
+    assert pg_rows(pg_conn, f"SELECT * FROM reports.{name}", ["id"]) == pg_rows(
+        pg_conn, f"SELECT id, v FROM {table_name} WHERE id > 3", ["id"])
+    recorded = pg_conn.execute("SELECT as_of, state FROM coldharbor.report_runs WHERE report = %s",
+                               (name,)).fetchone()
+    assert recorded == (None, "succeeded")

@@ -8,13 +8,14 @@ run that died after the commit can be finished by the next one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
+from psycopg import sql
 
-from coldharbor import faults
+from coldharbor import faults, hot_reader
+from coldharbor.registry import RegisteredTable
 
 log = logging.getLogger(__name__)
 
@@ -28,26 +29,29 @@ class Batch:
     oldest_change_at: datetime | None
 
 
-def begin(conn: psycopg.Connection, table_id: int, run_id: str, change_ids: Sequence[int],
-          row_count: int, oldest_change_at: datetime | None) -> Batch:
-    """Allocates the next batch id of the table and records the batch's change ids (committed)."""
-    with conn.transaction():
-        batch_id = conn.execute(
-            "UPDATE coldharbor.tables SET last_batch_id = last_batch_id + 1 WHERE table_id = %s "
-            "RETURNING last_batch_id", (table_id,)).fetchone()[0]
-        conn.execute(
-            """INSERT INTO coldharbor.export_batches
-                   (table_id, batch_id, run_id, change_ids, change_count, row_count, oldest_change_at)
-               VALUES (%s, %s, %s, %s, %s, %s, %s)""",
-            (table_id, batch_id, run_id, list(change_ids), len(change_ids), row_count, oldest_change_at))
-    return Batch(table_id, batch_id, len(change_ids), row_count, oldest_change_at)
+def begin(conn: psycopg.Connection, table: RegisteredTable, run_id: str, row_count: int) -> Batch:
+    """Allocates the next batch id of the table and records as the batch's change ids every dirty
+    change of the table in the caller's transaction: the export's snapshot, the one its images
+    were read in. The caller commits it before the Delta commit."""
+    batch_id = conn.execute(
+        "UPDATE coldharbor.tables SET last_batch_id = last_batch_id + 1 WHERE table_id = %s "
+        "RETURNING last_batch_id", (table.table_id,)).fetchone()[0]
+    change_count, oldest_change_at = conn.execute(sql.SQL(
+        """INSERT INTO coldharbor.export_batches
+               (table_id, batch_id, run_id, change_ids, change_count, row_count, oldest_change_at)
+           SELECT {table_id}, {batch_id}, {run_id}, intent.ids, intent.n, {row_count}, intent.oldest
+             FROM ({intent}) intent(ids, n, oldest)
+           RETURNING change_count, oldest_change_at""").format(
+        table_id=sql.Literal(table.table_id), batch_id=sql.Literal(batch_id), run_id=sql.Literal(run_id),
+        row_count=sql.Literal(row_count), intent=hot_reader.intent_query(table))).fetchone()
+    return Batch(table.table_id, batch_id, change_count, row_count, oldest_change_at)
 
 
 def mark_flushed(conn: psycopg.Connection, table_id: int, batch_id: int, lake_version: int,
                  hook: faults.Hook = faults.from_environment) -> int:
     """Marks exactly the batch's change ids flushed at `lake_version`; returns how many it marked.
 
-    The batch keeps its change ids: a report that pinned an older lake version finds through them
+    The changes keep `lake_version`: a report that pinned an older lake version finds through it
     the changes this mark made invisible to `flushed_at IS NULL` (invariant 6).
     """
     with conn.transaction():
@@ -56,7 +60,7 @@ def mark_flushed(conn: psycopg.Connection, table_id: int, batch_id: int, lake_ve
                   SET flushed_at = now(), lake_version = %(version)s
                  FROM (SELECT unnest(change_ids) AS id FROM coldharbor.export_batches
                         WHERE table_id = %(table)s AND batch_id = %(batch)s AND state = 'pending') m
-                WHERE c.id = m.id AND c.flushed_at IS NULL""",
+                WHERE c.table_id = %(table)s AND c.id = m.id AND c.flushed_at IS NULL""",
             {"version": lake_version, "table": table_id, "batch": batch_id}).rowcount
         hook("during_mark")  # the change rows are updated, the transaction not committed
         conn.execute(

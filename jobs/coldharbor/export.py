@@ -2,8 +2,8 @@
 
 Per table, under the table's export lock:
   1. finish a batch a previous run left between Delta commit and mark (or abandon it);
-  2. read the dirty keys, their change ids and their current images in one snapshot;
-  3. record the batch's change ids (intent), append the rows in one idempotent Delta commit;
+  2. read the dirty keys' current images and record the batch's change ids (intent) in one snapshot;
+  3. append the rows in one idempotent Delta commit;
   4. mark exactly those change ids flushed, with the Delta version.
 """
 
@@ -17,13 +17,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import psycopg
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 
 from coldharbor import batches, faults, hot_reader, lake, pg, registry, settings
 from coldharbor.errors import LakeUnavailableError
 from coldharbor.job_main import run_job
-from coldharbor.lake_rows import CHANGE_IDS, OLDEST_CHANGE_AT, to_lake_rows
+from coldharbor.lake_rows import to_lake_rows
 from coldharbor.registry import RegisteredTable
 from coldharbor.unified import table_contract
 
@@ -99,10 +98,14 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
             log.info("%s: the lake table gains metadata column(s) %s (NULL in older rows)", table.qualified_name,
                      ", ".join(change.metadata_added))
 
-        images = hot_reader.read_dirty_images(spark, conn, jdbc, table, columns)
-        hook("after_read")
-        change_ids, row_count, oldest = _batch_contents(images)
-        batch = batches.begin(conn, table.table_id, config.run_id, change_ids, row_count, oldest)
+        # One snapshot for the images and the batch's change ids (invariant 1): this transaction
+        # exports it, the JDBC readers import it, and the intent is recorded in it and committed.
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            snapshot_id = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
+            images = hot_reader.read_dirty_images(spark, conn, jdbc, snapshot_id, table, columns)
+            hook("after_read")
+            batch = batches.begin(conn, table, config.run_id, images.count())
         hook("after_intent")
 
         exported_at = datetime.now(timezone.utc)
@@ -128,7 +131,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         marked = batches.mark_flushed(conn, table.table_id, batch.batch_id, version, hook)
         hook("after_mark")
         _log_batch(table, batch, version, marked)
-        return TableResult(table.qualified_name, "exported", batch.batch_id, row_count, marked, version, recovered)
+        return TableResult(table.qualified_name, "exported", batch.batch_id, batch.row_count, marked, version, recovered)
 
 
 def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str) -> int:
@@ -146,16 +149,6 @@ def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: Regist
             log.warning("%s: batch %s was committed as Delta version %s but not marked; marked %s changes now",
                         table.qualified_name, batch_id, version, marked)
     return len(pending)
-
-
-def _batch_contents(images: DataFrame) -> tuple[list[int], int, datetime | None]:
-    """The change ids behind the images, the image count and the oldest change time (UTC)."""
-    # Epoch seconds, not a timestamp: PySpark turns timestamps into the Python process's local time.
-    stats = images.agg(F.count(F.lit(1)).alias("rows"),
-                       F.min(OLDEST_CHANGE_AT).cast("double").alias("oldest_epoch")).first()
-    ids = images.select(F.explode(CHANGE_IDS).alias("id")).toArrow().column("id").to_numpy()
-    oldest = stats["oldest_epoch"]
-    return ids.tolist(), stats["rows"], None if oldest is None else datetime.fromtimestamp(oldest, timezone.utc)
 
 
 def _log_batch(table: RegisteredTable, batch: batches.Batch, version: int, marked: int) -> None:

@@ -1,7 +1,8 @@
-"""Reads the dirty set of one table from PostgreSQL: keys, change ids and current row images.
+"""Reads the dirty set of one table from PostgreSQL: the current row images and the change ids.
 
-Everything comes from ONE statement, so it is one snapshot: a change either is in the result with
-the image that includes it, or it is not in the result at all (invariant 1).
+Everything comes from ONE snapshot: the export's transaction exports it, its JDBC readers import it
+and its intent (the batch's change ids) is read in it. So a change either is in the batch with the
+image that includes it, or it is not in the batch at all (invariant 1).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 
-from coldharbor.lake_rows import CHANGE_IDS, CHANGED_AT, DELETED, FIRST_CHANGED_AT, OLDEST_CHANGE_AT, SEQ
+from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ
 from coldharbor.pg import JdbcTarget
 from coldharbor.registry import LakeColumn, RegisteredTable
 
@@ -57,66 +58,108 @@ def row_missing(columns: Sequence[LakeColumn]) -> sql.Composable:
     return sql.SQL("t.{} IS NULL").format(sql.Identifier(first.name))
 
 
-def source_relation(conn: psycopg.Connection, table: RegisteredTable) -> sql.Composable:
+def source_relation(conn: psycopg.Connection, table: RegisteredTable,
+                    dirty_row_ids: str = "SELECT (dk.key ->> 'row_id')::uuid FROM dirty dk") -> sql.Composable:
     """What the dirty keys are joined to: the table itself, or for an entity schema the
     flattening of just the dirty records (one grouped pass over their eav_data rows instead of
-    the view's aggregate per record). Both read the CTE `dirty` of the query they sit in."""
+    the view's aggregate per record). `dirty_row_ids` selects those records from the CTE `dirty`
+    of the query the relation sits in."""
     if table.source_kind != "entity":
         return table.identifier
     flatten = conn.execute("SELECT coldharbor.entity_flatten_sql(%s, %s)",
-                           (table.table_name, "SELECT (dk.key ->> 'row_id')::uuid FROM dirty dk")).fetchone()[0]
+                           (table.table_name, dirty_row_ids)).fetchone()[0]
     return sql.SQL("({})").format(sql.SQL(flatten))
+
+
+def _dirty_changes(table: RegisteredTable) -> sql.Composed:
+    """The dirty change rows of one table; the export's readers and its intent use exactly this."""
+    return sql.SQL("c.table_id = {} AND c.flushed_at IS NULL").format(sql.Literal(table.table_id))
+
+
+def _key_column(position: int) -> sql.Identifier:
+    return sql.Identifier(f"_ch_k{position}")
 
 
 def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
                        changed_at: sql.Composable = sql.SQL("created_at"),
-                       relation: sql.Composable | None = None) -> sql.Composed:
-    """One row per dirty key: its image now (or a delete marker), newest change id, all change ids."""
+                       relation: sql.Composable | None = None, part: int = 0, parts: int = 1) -> sql.Composed:
+    """One row per dirty key: its image now (or a delete marker) and its change metadata.
+
+    The dirty changes are grouped by the typed key values (cheaper than by the jsonb key), both
+    ordered aggregates in one order so PostgreSQL sorts once. With `parts` > 1 this reads the
+    share `part` of the dirty keys (by a hash of the key, so all changes of a key are together).
+    """
+    keys = [c for c in columns if c.is_key]
+    share = sql.SQL("")
+    if parts > 1:
+        share = sql.SQL(" AND (jsonb_hash(c.key) & 2147483647) % {} = {}").format(sql.Literal(parts),
+                                                                               sql.Literal(part))
+
+    def output(c: LakeColumn) -> sql.Composable:
+        expr = (sql.SQL("d.{}").format(_key_column(keys.index(c))) if c.is_key
+                else sql.SQL("t.{}").format(sql.Identifier(c.name)))
+        if c.pg_type in AS_TEXT:
+            expr = sql.SQL("({})::text").format(expr)
+        return sql.SQL("{} AS {}").format(expr, sql.Identifier(c.name))
+
     return sql.SQL("""
         WITH dirty AS (
-            SELECT key,
-                   array_agg(id ORDER BY id) AS change_ids,
-                   max(id) AS change_seq,
-                   (array_agg({change_time} ORDER BY id DESC))[1] AS changed_at,
-                   min({change_time}) AS first_changed_at,
-                   min(created_at) AS oldest_change_at
-            FROM coldharbor.change_log
-            WHERE table_id = {table_id} AND flushed_at IS NULL
-            GROUP BY key)
+            SELECT {typed_keys},
+                   max(c.id) AS change_seq,
+                   (array_agg({change_time} ORDER BY c.id DESC))[1] AS changed_at,
+                   min({change_time}) AS first_changed_at
+            FROM coldharbor.change_log c
+            WHERE {dirty}{share}
+            GROUP BY {group_by})
         SELECT {columns},
-               {missing} AS {deleted},
+               t.{first_key} IS NULL AS {deleted},
                d.change_seq AS {seq},
                d.changed_at AS {changed_at},
-               d.first_changed_at AS {first_changed_at},
-               d.oldest_change_at AS {oldest},
-               d.change_ids AS {change_ids}
+               d.first_changed_at AS {first_changed_at}
         FROM dirty d LEFT JOIN {table} t ON {key_match}""").format(
-        table_id=sql.Literal(table.table_id),
-        columns=sql.SQL(", ").join(column_expr(c) for c in columns),
-        deleted=sql.Identifier(DELETED), seq=sql.Identifier(SEQ), changed_at=sql.Identifier(CHANGED_AT),
-        first_changed_at=sql.Identifier(FIRST_CHANGED_AT),
-        oldest=sql.Identifier(OLDEST_CHANGE_AT), change_ids=sql.Identifier(CHANGE_IDS),
-        table=relation or table.identifier, key_match=key_match(columns), change_time=changed_at,
-        missing=row_missing(columns))
+        typed_keys=sql.SQL(", ").join(
+            sql.SQL("(c.key ->> {})::{} AS {}").format(sql.Literal(c.name), sql.SQL(c.pg_type), _key_column(i))
+            for i, c in enumerate(keys)),
+        change_time=changed_at, dirty=_dirty_changes(table), share=share,
+        group_by=sql.SQL(", ").join(sql.SQL(str(i + 1)) for i in range(len(keys))),
+        columns=sql.SQL(", ").join(output(c) for c in columns),
+        first_key=sql.Identifier(keys[0].name), deleted=sql.Identifier(DELETED), seq=sql.Identifier(SEQ),
+        changed_at=sql.Identifier(CHANGED_AT), first_changed_at=sql.Identifier(FIRST_CHANGED_AT),
+        table=relation or table.identifier,
+        key_match=sql.SQL(" AND ").join(sql.SQL("t.{} = d.{}").format(sql.Identifier(c.name), _key_column(i))
+                                        for i, c in enumerate(keys)))
 
 
-def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget,
+def intent_query(table: RegisteredTable) -> sql.Composed:
+    """The batch's change ids, their count and the oldest change time: the dirty set the
+    readers of the same snapshot see (`_dirty_changes`), in one pass."""
+    return sql.SQL("SELECT coalesce(array_agg(c.id), '{{}}'), count(*), min(c.created_at) "
+                   "FROM coldharbor.change_log c WHERE {}").format(_dirty_changes(table))
+
+
+def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, snapshot_id: str,
                       table: RegisteredTable, columns: Sequence[LakeColumn]) -> DataFrame:
-    """The dirty images, read once through JDBC and pinned in Spark.
+    """The dirty images as of the exported snapshot `snapshot_id`, read once and pinned in Spark.
 
-    A JDBC DataFrame re-runs its query on every action; the eager local checkpoint makes the
-    rows written to the lake and the change ids marked flushed come from the same single read.
+    One JDBC read per core, each importing the same snapshot (so together they are one consistent
+    read of disjoint key shares), then an eager local checkpoint: a JDBC DataFrame re-runs its
+    query on every action, and the rows written to the lake must come from this single read.
     """
-    query = dirty_images_query(table, columns, change_time(conn), source_relation(conn, table)).as_string(conn)
-    images = (spark.read.format("jdbc").options(**jdbc.options())
-              .option("query", query)
-              .option("fetchsize", JDBC_FETCH_SIZE)
-              .option("preferTimestampNTZ", "true")  # timestamp (no zone) stays zone-free
-              .option("sessionInitStatement", f"SET work_mem = '{EXPORT_WORK_MEM}'")
-              .load())
-    # The read is one partition (one statement, one snapshot); spread it for the Delta write.
-    parallelism = spark.sparkContext.defaultParallelism
-    return images.repartition(parallelism).localCheckpoint(eager=True)
+    parts = max(1, spark.sparkContext.defaultParallelism)
+    relation = source_relation(conn, table, f"SELECT dk.{_key_column(0).as_string(conn)} FROM dirty dk")
+    init = (f"SET work_mem = '{EXPORT_WORK_MEM}'; BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
+            f"SET TRANSACTION SNAPSHOT '{snapshot_id}'")
+    images = None
+    for part in range(parts):
+        query = dirty_images_query(table, columns, change_time(conn), relation, part, parts).as_string(conn)
+        share = (spark.read.format("jdbc").options(**jdbc.options())
+                 .option("query", query)
+                 .option("fetchsize", JDBC_FETCH_SIZE)
+                 .option("preferTimestampNTZ", "true")  # timestamp (no zone) stays zone-free
+                 .option("sessionInitStatement", init)
+                 .load())
+        images = share if images is None else images.union(share)
+    return images.localCheckpoint(eager=True)
 
 
 def has_dirty(conn: psycopg.Connection, table_id: int) -> bool:

@@ -2,8 +2,8 @@
 snapshot (one REPEATABLE READ READ ONLY transaction on one connection), collected once.
 
 A key is dirty for a report that pinned lake version V when one of its changes is not in lake@V:
-still unflushed (`flushed_at IS NULL`), or flushed by a batch committed after V (found through
-`export_batches.change_ids`). Its image is the row as the snapshot sees it, or a delete marker.
+still unflushed (`flushed_at IS NULL`), or flushed by a batch committed after V (`lake_version > V`:
+the mark records the batch's version on its changes in the transaction that flushes the batch). Its image is the row as the snapshot sees it, or a delete marker.
 """
 
 from __future__ import annotations
@@ -60,11 +60,8 @@ def _changes_since(table: RegisteredTable, pinned_version: int) -> sql.Composed:
         SELECT key, id FROM coldharbor.change_log
          WHERE table_id = {table_id} AND flushed_at IS NULL
         UNION ALL
-        SELECT c.key, c.id
-          FROM coldharbor.export_batches b
-         CROSS JOIN LATERAL unnest(b.change_ids) AS u(id)
-          JOIN coldharbor.change_log c ON c.id = u.id
-         WHERE b.table_id = {table_id} AND b.state = 'flushed' AND b.lake_version > {version}""").format(
+        SELECT key, id FROM coldharbor.change_log
+         WHERE table_id = {table_id} AND lake_version > {version}""").format(
         table_id=sql.Literal(table.table_id), version=sql.Literal(pinned_version))
 
 

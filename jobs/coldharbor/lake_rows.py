@@ -31,10 +31,6 @@ BATCH_ID = "_ch_batch_id"
 EXPORTED_AT = "_ch_exported_at"
 METADATA_COLUMNS = (SEQ, DELETED, CHANGED_AT, BATCH_ID, EXPORTED_AT, FIRST_CHANGED_AT)
 
-# Columns of the export read that never reach the lake.
-CHANGE_IDS = "_ch_change_ids"
-OLDEST_CHANGE_AT = "_ch_oldest_change_at"
-
 Transform = Callable[[DataFrame], DataFrame]
 
 

@@ -49,9 +49,12 @@ def test_dirty_images_query_quotes_identifiers_and_reads_keys_from_the_change_lo
     columns = [LakeColumn("id", "bigint", "LONG", 1), LakeColumn("u", "uuid", "STRING", None)]
     text = dirty_images_query(table, columns).as_string(None)
     assert '"Sales"."odd""name"' in text
-    assert "(d.key ->> 'id')::bigint AS \"id\"" in text
+    assert "(c.key ->> 'id')::bigint AS \"_ch_k0\"" in text and 'd."_ch_k0" AS "id"' in text
     assert '(t."u")::text AS "u"' in text
     assert "flushed_at IS NULL" in text and "table_id = 7" in text
+    assert "jsonb_hash" not in text, "one reader reads every dirty key"
+    share = dirty_images_query(table, columns, part=1, parts=2).as_string(None)
+    assert "(jsonb_hash(c.key) & 2147483647) % 2 = 1" in share
 
 
 @pytest.mark.parametrize(("mode", "path", "needed"), [

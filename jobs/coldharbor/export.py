@@ -122,7 +122,8 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
                               app_id=app_id, batch_id=batch.batch_id, partition_by=table.partition_by,
                               metadata={"app_id": app_id, "batch_id": batch.batch_id, "run_id": config.run_id,
                                         "table": table.qualified_name},
-                              add_columns=bool(change.added or change.metadata_added))
+                              add_columns=bool(change.added or change.metadata_added),
+                              stats_columns=[*table.key_columns, *table.sort_by])
         hook("after_commit")
         version = lake.find_batch_commit(spark, path, app_id, batch.batch_id)
         if version is None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import psycopg
 import pytest
 from delta.tables import DeltaTable
 
-from coldharbor import pg
+from coldharbor import lake, pg
 from tests.helpers import dirty_ids, export, lake_live, lake_table, pg_rows
 
 ALL_TYPES = """id bigint PRIMARY KEY, a smallint, b integer, c real, d double precision, e numeric(38,10),
@@ -82,6 +83,26 @@ def test_partitioned_table_lands_in_key_partitions(spark, pg_dsn, pg_conn, table
     assert detail["partitionColumns"] == ["region"]
     assert lake_live(spark, lake_root, table_name, ["region", "id"]) == pg_rows(
         pg_conn, f"SELECT region, id, v FROM {table_name}", ["region", "id"])
+
+
+def test_a_created_lake_table_keeps_statistics_of_keys_sort_columns_and_metadata_only(
+        spark, pg_dsn, pg_conn, table_name, lake_root):
+    pg_conn.execute(f"CREATE TABLE {table_name} (region text, id int, label text, note text, "
+                    "PRIMARY KEY (region, id))")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_partition_by => '{region}', "
+                    "p_sort_by => '{label}')", (table_name,))
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES ('eu', 1, 'x', 'n1'), ('eu', 2, 'y', 'n2')")
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"UPDATE {table_name} SET note = 'n3' WHERE id = 2")
+    export(spark, pg_dsn, table_name, lake_root)
+    path = f"{lake_root}/public/{table_name}"
+    properties = DeltaTable.forPath(spark, path).detail().first()["properties"]
+    assert properties["delta.dataSkippingStatsColumns"] == "`id`,`label`,`_ch_seq`,`_ch_changed_at`,`_ch_batch_id`"
+    snapshot = lake.snapshot(spark, path)
+    assert sorted(f.max_batch_id for f in snapshot.files) == [1, 2], "compaction still sees each file's batch"
+    for entry in spark.read.json(f"{path}/_delta_log/*.json").where("add IS NOT NULL").select("add.stats").collect():
+        assert set(json.loads(entry["stats"])["minValues"]) == {"id", "label", "_ch_seq", "_ch_changed_at",
+                                                                 "_ch_batch_id"}
 
 
 def test_an_update_committed_between_read_and_mark_stays_dirty(spark, pg_dsn, pg_conn, table_name, lake_root):

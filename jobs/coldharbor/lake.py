@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 # How far back in the Delta history to look for a batch's commit (compaction and cleanup commits
 # can land between an export's commit and its lookup).
 COMMIT_SEARCH_DEPTH = 200
+RECENT_COMMITS = 5
 
 
 def export_app_id(table_id: int) -> str:
@@ -163,17 +164,21 @@ def find_commit_entry(spark: SparkSession, path: str, metadata: Mapping[str, obj
 
     if not DeltaTable.isDeltaTable(spark, path):
         return None
-    history = (DeltaTable.forPath(spark, path).history(depth)
-               .select("version", "userMetadata", "operationMetrics").collect())
-    for entry in history:
-        if not entry["userMetadata"]:
-            continue
-        try:
-            meta = json.loads(entry["userMetadata"])
-        except ValueError:
-            continue
-        if isinstance(meta, dict) and all(meta.get(k) == v for k, v in metadata.items()):
-            return {"version": entry["version"], "metrics": dict(entry["operationMetrics"] or {})}
+    table = DeltaTable.forPath(spark, path)
+    # The commit is nearly always among the newest few; each history entry is a log file to read.
+    for window in sorted({min(RECENT_COMMITS, depth), depth}):
+        history = table.history(window).select("version", "userMetadata", "operationMetrics").collect()
+        for entry in history:
+            if not entry["userMetadata"]:
+                continue
+            try:
+                meta = json.loads(entry["userMetadata"])
+            except ValueError:
+                continue
+            if isinstance(meta, dict) and all(meta.get(k) == v for k, v in metadata.items()):
+                return {"version": entry["version"], "metrics": dict(entry["operationMetrics"] or {})}
+        if len(history) < window:  # the whole history was read
+            break
     return None
 
 

@@ -274,3 +274,14 @@ def test_oldest_change_time_is_recorded_in_utc_whatever_the_local_zone(spark, pg
            FROM coldharbor.export_batches b JOIN coldharbor.tables t USING (table_id)
            WHERE t.table_name = %s""", (table_name,)).fetchone()
     assert abs((recorded - actual).total_seconds()) < 0.001
+
+
+def test_a_batch_commit_is_found_behind_newer_commits(spark, lake_root):
+    """The lookup reads the newest commits first, then further back."""
+    path = f"{lake_root}/history"
+    for batch_id in range(1, 10):
+        lake.append_batch(spark.range(1).selectExpr(f"{batch_id} AS id"), path, app_id="app", batch_id=batch_id,
+                          partition_by=[], metadata={"app_id": "app", "batch_id": batch_id})
+    assert [lake.find_batch_commit(spark, path, "app", b) for b in (9, 5, 2, 1)] == [8, 4, 1, 0]
+    assert lake.find_batch_commit(spark, path, "app", 10) is None
+    assert lake.find_batch_commit(spark, path, "other", 1) is None

@@ -157,6 +157,7 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
                  .option("fetchsize", JDBC_FETCH_SIZE)
                  .option("preferTimestampNTZ", "true")  # timestamp (no zone) stays zone-free
                  .option("sessionInitStatement", init)
+                 .option("prepareThreshold", "-1")  # binary rows from the first execution
                  .load())
         images = share if images is None else images.union(share)
     return images.localCheckpoint(eager=True)

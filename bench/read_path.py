@@ -1,6 +1,6 @@
 """Read-path benchmark (issue: read path): the cost of the dirty-set anti-join.
 
-    python -m bench.read_path [--rows 10000000] [--dirty-fraction 0.01] [--repeats 3]
+    python -m bench.read_path [--rows 10000000] [--dirty-fraction 0.01] [--repeats 5]
 
 A table of `rows` cold rows in the lake, `dirty-fraction` of its keys dirty in PostgreSQL (updated,
 deleted and new keys). Two reports (a grouped aggregate and a selective filter) are computed three
@@ -112,7 +112,7 @@ def _normal(rows) -> list[tuple]:
     return sorted(tuple(float(v) if hasattr(v, "as_tuple") else v for v in tuple(r)) for r in rows)
 
 
-def run(rows: int = 10_000_000, dirty_fraction: float = 0.01, repeats: int = 3) -> list[Row]:
+def run(rows: int = 10_000_000, dirty_fraction: float = 0.01, repeats: int = 5) -> list[Row]:
     from coldharbor.spark import get_session
 
     spark = get_session("coldharbor-bench-read-path")
@@ -155,7 +155,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--dirty-fraction", type=float, default=0.01)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     print(render(run(args.rows, args.dirty_fraction, args.repeats)))
     return 0

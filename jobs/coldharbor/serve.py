@@ -94,8 +94,7 @@ def table_view(spark: SparkSession, hot: HotTable, version: int | None, lake_roo
     images = hot_frame(spark, hot)
     if version is None:  # nothing exported yet: the table is its hot images
         return images.filter(~images[DELETED]).transform(table_contract(columns))
-    cold = lake.read_version(spark, hot.table.lake_path(lake_root), version).transform(cold_live(columns))
-    return cold.transform(unified_rows(images, columns))
+    return lake.read_version(spark, hot.table.lake_path(lake_root), version).transform(unified_rows(images, columns))
 
 
 def lake_as_of(rows: DataFrame, columns: Sequence[LakeColumn], as_of: datetime, table: str) -> DataFrame:

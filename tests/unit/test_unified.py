@@ -31,16 +31,28 @@ def test_cold_minus_dirty_plus_hot_images(spark):
         (5, None, 10, True, T[2], 2),
     ])
     hot = spark.createDataFrame([(2, "updated", False), (3, None, True), (6, "only in PostgreSQL", False)], HOT)
-    result = lake.transform(cold_live(COLUMNS)).transform(unified_rows(hot, COLUMNS))
+    result = lake.transform(unified_rows(hot, COLUMNS))
     expected = spark.createDataFrame([(1, "exported, unchanged"), (2, "updated"), (4, "newest image"),
                                       (6, "only in PostgreSQL")], "id LONG, v STRING")
     assertDataFrameEqual(result, expected)
 
 
+def test_every_lake_version_of_a_dirty_key_leaves_before_last_write_wins(spark):
+    """The anti-join runs on the lake rows: no older version of a dirty key may resurface."""
+    lake = lake_rows(spark, [
+        (1, "old", 1, False, T[1], 1), (1, "newer", 4, False, T[2], 2),     # dirty: updated again
+        (2, "old", 2, False, T[1], 1), (2, None, 5, True, T[2], 2),         # dirty: re-inserted after a delete
+        (3, "old", 3, False, T[1], 1), (3, "newest", 6, False, T[2], 2),    # dirty: deleted in PostgreSQL
+    ])
+    hot = spark.createDataFrame([(1, "hot", False), (2, "back", False), (3, None, True)], HOT)
+    result = lake.transform(unified_rows(hot, COLUMNS))
+    assertDataFrameEqual(result, spark.createDataFrame([(1, "hot"), (2, "back")], "id LONG, v STRING"))
+
+
 def test_a_null_key_in_the_dirty_set_does_not_empty_the_result(spark):
     lake = lake_rows(spark, [(1, "a", 1, False, T[1], 1), (2, "b", 2, False, T[1], 1)])
     hot = spark.createDataFrame([(None, None, True), (2, "b2", False)], HOT)
-    result = lake.transform(cold_live(COLUMNS)).transform(unified_rows(hot, COLUMNS, broadcast_dirty=False))
+    result = lake.transform(unified_rows(hot, COLUMNS, broadcast_dirty=False))
     assertDataFrameEqual(result, spark.createDataFrame([(1, "a"), (2, "b2")], "id LONG, v STRING"))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from psycopg import sql
 
 
 def register(conn, name: str, ddl: str, **options) -> int:
@@ -131,6 +132,31 @@ def test_partition_columns_must_be_part_of_the_key(pg_conn, table_name):
 def test_reserved_metadata_prefix_is_rejected(pg_conn, table_name):
     pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, _ch_seq int)")
     with pytest.raises(psycopg.errors.InvalidName, match="reserved for lake metadata"):
+        pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+
+
+def test_a_metadata_prefix_in_another_case_is_rejected(pg_conn, table_name):
+    pg_conn.execute(f'CREATE TABLE {table_name} (id int PRIMARY KEY, "_CH_SEQ" int)')
+    with pytest.raises(psycopg.errors.InvalidName, match='column "_CH_SEQ" .* reserved for lake metadata'):
+        pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+
+
+@pytest.mark.parametrize("column", ["unit price", "a,b", "a;b", "f(x)", "a=b", "{x}", "tab\there", "line\nbreak"])
+def test_a_column_name_the_lake_cannot_store_is_rejected(pg_conn, table_name, column):
+    pg_conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, {} int)").format(
+        sql.Identifier(table_name), sql.Identifier(column)))
+    with pytest.raises(psycopg.errors.InvalidName, match=r"has a name the lake cannot store") as failure:
+        pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    quoted = pg_conn.execute("SELECT quote_ident(%s)", (column,)).fetchone()[0]
+    assert failure.value.diag.message_primary.startswith(f"column {quoted} of table {table_name} ")
+    assert pg_conn.execute("SELECT count(*) FROM coldharbor.tables WHERE table_name = %s",
+                           (table_name,)).fetchone()[0] == 0
+    assert pg_conn.execute(f"SELECT count(*) FROM pg_trigger WHERE tgrelid = '{table_name}'::regclass").fetchone()[0] == 0
+
+
+def test_column_names_differing_only_in_case_are_rejected(pg_conn, table_name):
+    pg_conn.execute(f'CREATE TABLE {table_name} (id int PRIMARY KEY, "Amount" int, amount int)')
+    with pytest.raises(psycopg.errors.InvalidName, match='columns "Amount" and amount .* differ only in case'):
         pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
 
 

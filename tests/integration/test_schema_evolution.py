@@ -49,18 +49,24 @@ def test_a_dropped_column_stays_in_the_lake_null_in_new_rows(spark, pg_dsn, pg_c
         pg_conn, f"SELECT * FROM {table_name}", ["id"])
 
 
-def test_a_type_change_is_refused_before_anything_is_written(spark, pg_dsn, pg_conn, table_name, lake_root):
+@pytest.mark.parametrize("change, update, refusal", [
+    ("ALTER COLUMN id TYPE integer", "SET v = 'x'", "column id is int in PostgreSQL now but bigint in the lake"),
+    ('RENAME COLUMN v TO "unit price"', "SET \"unit price\" = 'x'",
+     'column "unit price" of table {t} has a name the lake cannot store'),
+], ids=["type change", "name the lake cannot store"])
+def test_a_refused_change_is_refused_before_anything_is_written(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                                 change, update, refusal):
     make(pg_conn, table_name)
     export(spark, pg_dsn, table_name, lake_root)
     path = registry.load(pg_conn, table_name)[0].lake_path(lake_root)
     version = lake.pin_version(spark, path)
-    pg_conn.execute(f"ALTER TABLE {table_name} ALTER COLUMN id TYPE integer")
-    pg_conn.execute(f"UPDATE {table_name} SET v = 'x' WHERE id = 1")
+    pg_conn.execute(f"ALTER TABLE {table_name} {change}")
+    pg_conn.execute(f"UPDATE {table_name} {update} WHERE id = 1")
     dirty = dirty_ids(pg_conn, table_name)
-    with pytest.raises(ConfigError, match="column id is int in PostgreSQL now but bigint in the lake"):
+    with pytest.raises(ConfigError, match=f"cannot export public.{table_name}: " + refusal.format(t=table_name)):
         export(spark, pg_dsn, table_name, lake_root)
     assert lake.pin_version(spark, path) == version
-    assert dirty_ids(pg_conn, table_name) == dirty
+    assert dirty_ids(pg_conn, table_name) == dirty and dirty
     assert pg_conn.execute("SELECT count(*) FROM coldharbor.export_batches b JOIN coldharbor.tables t "
                            "USING (table_id) WHERE t.table_name = %s AND b.state = 'pending'",
                            (table_name,)).fetchone()[0] == 0

@@ -104,6 +104,18 @@ def test_an_export_landing_between_the_steps_never_serves_stale_or_missing_rows(
     assert served[(1,)]["status"] == "paid" and (95,) not in served and (500,) in served
 
 
+def test_the_collected_images_enter_the_plan_as_an_rdd_read_once(spark, pg_dsn, pg_conn, table_name):
+    """Not as a local relation, whose rows every join and union over it would analyse again;
+    and PostgreSQL changing afterwards does not change them."""
+    make_orders(pg_conn, table_name, rows=50)
+    [table] = registry.load(pg_conn, table_name)
+    hot = hot_snapshot.read(pg_conn, {table.table_id: None}, [table]).tables[table.table_id]
+    frame = serve.hot_frame(spark, hot)
+    pg_conn.execute(f"DELETE FROM {table_name}")
+    assert "LocalRelation" not in frame.join(frame.select("id"), "id")._jdf.queryExecution().optimizedPlan().toString()
+    assert sorted(r["id"] for r in frame.collect()) == list(range(1, 51))
+
+
 def test_a_report_joining_two_tables_sees_both_at_one_instant(spark, pg_dsn, pg_conn, lake_root, monkeypatch):
     pg_conn.execute("CREATE TABLE acct_a (id int PRIMARY KEY, balance bigint NOT NULL)")
     pg_conn.execute("CREATE TABLE acct_b (id int PRIMARY KEY, balance bigint NOT NULL)")

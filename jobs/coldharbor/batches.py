@@ -77,7 +77,8 @@ def abandon(conn: psycopg.Connection, table_id: int, batch_id: int) -> None:
                      WHERE table_id = %s AND batch_id = %s AND state = 'pending'""", (table_id, batch_id))
 
 
-def pending(conn: psycopg.Connection, table_id: int) -> list[int]:
-    rows = conn.execute("SELECT batch_id FROM coldharbor.export_batches "
+def pending(conn: psycopg.Connection, table_id: int) -> list[tuple[int, str]]:
+    """(batch id, kind) of the table's batches whose intent is recorded and whose end is not."""
+    rows = conn.execute("SELECT batch_id, kind FROM coldharbor.export_batches "
                         "WHERE table_id = %s AND state = 'pending' ORDER BY batch_id", (table_id,))
-    return [r[0] for r in rows.fetchall()]
+    return [(r[0], r[1]) for r in rows.fetchall()]

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 import psycopg
 from pyspark.sql import SparkSession
 
-from coldharbor import batches, faults, hot_reader, lake, pg, registry, settings
+from coldharbor import base_load, batches, faults, hot_reader, lake, pg, registry, settings
 from coldharbor.errors import LakeUnavailableError
 from coldharbor.job_main import run_job
 from coldharbor.lake_rows import to_lake_rows
@@ -39,12 +39,13 @@ class ExportConfig:
 @dataclass(frozen=True)
 class TableResult:
     table: str
-    status: str          # exported | clean | skipped
+    status: str          # exported | loaded | clean | skipped
     batch_id: int | None = None
     rows: int = 0
     changes: int = 0
     lake_version: int | None = None
     recovered_batches: int = 0
+    loaded_rows: int = 0     # rows of an initial load this run wrote first
 
 
 def parse_args(argv: list[str]) -> ExportConfig:
@@ -63,7 +64,12 @@ def parse_args(argv: list[str]) -> ExportConfig:
 
 
 def needs_spark(conn: psycopg.Connection, table: RegisteredTable) -> bool:
-    """Whether the table has dirty changes or an unfinished batch; a cheap index probe."""
+    """Whether the table has dirty changes, an unfinished batch or an initial load to write; cheap
+    probes. A pending load with nothing to read (an empty table) is settled here, without Spark."""
+    if base_load.load_state(conn, table.table_id).pending:
+        with pg.advisory_lock(conn, "export", table.table_id) as acquired:
+            if not acquired or not base_load.settle_without_spark(conn, table):
+                return True
     return hot_reader.has_dirty(conn, table.table_id) or bool(batches.pending(conn, table.table_id))
 
 
@@ -80,9 +86,15 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
             return TableResult(table.qualified_name, "skipped")
         path = table.lake_path(config.lake_root)
         recovered = recover_pending(spark, conn, table, path)
+        loaded = None
+        if base_load.load_state(conn, table.table_id).pending and not base_load.settle_without_spark(conn, table):
+            # The initial load lands before the first batch of changes (invariant 12).
+            loaded = base_load.write_base(spark, conn, jdbc, table, registry.lake_columns(conn, table), path,
+                                          "load", config.run_id, hook)
         if not hot_reader.has_dirty(conn, table.table_id):
             log.info("%s: nothing dirty", table.qualified_name)
-            return TableResult(table.qualified_name, "clean", recovered_batches=recovered)
+            return TableResult(table.qualified_name, "loaded" if loaded else "clean", recovered_batches=recovered,
+                               loaded_rows=loaded.rows if loaded else 0)
         columns = registry.lake_columns(conn, table)
         lake.ensure_writable(spark, path)
         change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
@@ -132,14 +144,22 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         marked = batches.mark_flushed(conn, table.table_id, batch.batch_id, version, hook)
         hook("after_mark")
         _log_batch(table, batch, version, marked)
-        return TableResult(table.qualified_name, "exported", batch.batch_id, batch.row_count, marked, version, recovered)
+        return TableResult(table.qualified_name, "exported", batch.batch_id, batch.row_count, marked, version, recovered,
+                           loaded.rows if loaded else 0)
 
 
 def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str) -> int:
-    """Finishes batches whose run died after the intent: mark if committed, else abandon."""
+    """Finishes batches whose run died after the intent: mark (or record the base) if committed,
+    else abandon. An abandoned initial load stays pending and is written again."""
     app_id = lake.export_app_id(table.table_id)
     pending = batches.pending(conn, table.table_id)
-    for batch_id in pending:
+    for batch_id, kind in pending:
+        if kind in base_load.KINDS:
+            if base_load.finish_if_committed(spark, conn, table, path, batch_id, kind) is None:
+                batches.abandon(conn, table.table_id, batch_id)
+                log.warning("%s: the %s in batch %s never reached the lake; it is written again",
+                            table.qualified_name, kind, batch_id)
+            continue
         version = lake.find_batch_commit(spark, path, app_id, batch_id)
         if version is None:
             batches.abandon(conn, table.table_id, batch_id)

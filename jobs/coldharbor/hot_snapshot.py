@@ -17,7 +17,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from coldharbor import hot_reader, registry
+from coldharbor import base_load, hot_reader, registry
 from coldharbor.errors import LakeUnavailableError
 from coldharbor.lake_rows import DELETED
 from coldharbor.registry import LakeColumn, RegisteredTable
@@ -39,6 +39,8 @@ class HotTable:
     images: pa.Table                   # dirty keys: the columns plus _ch_deleted
     unexported_since: datetime | None  # earliest change not in the pinned lake version
     hot_only: bool = False             # images hold the whole table (the lake was not read)
+    load_pending: bool = False         # hot_only because the table's initial load is not in lake@V yet
+    known_from: datetime | None = None  # the initial load's snapshot time: the lake knows nothing before
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,18 @@ def _fetch_arrow(conn: psycopg.Connection, query: sql.Composed, columns: Sequenc
 
 
 def _flushed_before(conn: psycopg.Connection, table: RegisteredTable) -> bool:
+    """Whether a batch of changes was flushed to the lake (then rows may have been evicted since, and
+    PostgreSQL alone no longer holds the table)."""
     return conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.export_batches "
-                        "WHERE table_id = %s AND state = 'flushed')", (table.table_id,)).fetchone()[0]
+                        "WHERE table_id = %s AND state = 'flushed' AND kind = 'changes')",
+                        (table.table_id,)).fetchone()[0]
+
+
+def _load_not_in(load: base_load.LoadState, version: int | None) -> bool:
+    """Whether lake@version lacks the table's initial load (still pending, or landed after V)."""
+    if load.pending:
+        return True
+    return load.loaded_version is not None and (version is None or version < load.loaded_version)
 
 
 def read(conn: psycopg.Connection, pinned: Mapping[int, int | None], tables: Sequence[RegisteredTable],
@@ -128,17 +140,24 @@ def read(conn: psycopg.Connection, pinned: Mapping[int, int | None], tables: Seq
         result: dict[int, HotTable] = {}
         for table in tables:
             columns = tuple(registry.lake_columns(conn, table))
-            if hot_only:
-                images = _fetch_arrow(conn, whole_table_query(table, columns), columns)
-                result[table.table_id] = HotTable(table, columns, images, None, hot_only=True)
-                continue
-            version = pinned[table.table_id]
-            if version is None and _flushed_before(conn, table):
+            version = None if hot_only else pinned[table.table_id]
+            load = base_load.load_state(conn, table.table_id)
+            if not hot_only and version is None and _flushed_before(conn, table):
                 raise LakeUnavailableError(f"the lake table of {table.qualified_name} is missing, but changes of it "
                                            "were flushed there; the lake location is wrong or was removed")
+            if hot_only or _load_not_in(load, version):
+                # Invariant 12: until the initial load is in lake@V, PostgreSQL alone is the table.
+                images = _fetch_arrow(conn, whole_table_query(table, columns), columns)
+                result[table.table_id] = HotTable(table, columns, images, None, hot_only=True,
+                                                  load_pending=not hot_only)
+                if not hot_only:
+                    log.info("%s: initial load not in lake version %s; served from PostgreSQL alone (%s rows)",
+                             table.qualified_name, version, images.num_rows)
+                continue
             since = -1 if version is None else version
             images = _fetch_arrow(conn, dirty_images_query(table, columns, since,
                                                            hot_reader.source_relation(conn, table)), columns)
-            result[table.table_id] = HotTable(table, columns, images, _unexported_since(conn, table, since))
+            result[table.table_id] = HotTable(table, columns, images, _unexported_since(conn, table, since),
+                                              known_from=load.loaded_at)
             log.info("%s: %s dirty keys against lake version %s", table.qualified_name, images.num_rows, version)
     return HotSnapshot(taken_at, result)

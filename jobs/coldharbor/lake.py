@@ -55,7 +55,9 @@ def append_batch(rows: DataFrame, path: str, *, app_id: str, batch_id: int,
               .option("txnVersion", batch_id)
               .option("userMetadata", json.dumps(dict(metadata), sort_keys=True)))
     if stats_columns and not _is_delta_table(rows.sparkSession, path):
-        writer = writer.option(STATS_COLUMNS_PROPERTY, stats_property(stats_columns, partition_by))
+        types = {f.name: f.dataType.typeName() for f in rows.schema.fields}
+        skippable = [c for c in stats_columns if types.get(c) not in NO_STATISTICS_TYPES]
+        writer = writer.option(STATS_COLUMNS_PROPERTY, stats_property(skippable, partition_by))
     _save(writer, path, partition_by, "the Delta commit to")
 
 
@@ -66,6 +68,9 @@ def append_batch(rows: DataFrame, path: str, *, app_id: str, batch_id: int,
 # export keeps statistics of just those.
 STATS_COLUMNS_PROPERTY = "delta.dataSkippingStatsColumns"
 STATS_METADATA_COLUMNS = (SEQ, CHANGED_AT, BATCH_ID)
+# Delta refuses to collect statistics of these (DELTA_COLUMN_DATA_SKIPPING_NOT_SUPPORTED_TYPE): a
+# bytea or boolean key column gets none.
+NO_STATISTICS_TYPES = frozenset({"binary", "boolean"})
 
 
 def stats_property(columns: Sequence[str], partition_by: Sequence[str]) -> str:
@@ -159,7 +164,7 @@ def find_batch_commit(spark: SparkSession, path: str, app_id: str, batch_id: int
 
 def find_commit_entry(spark: SparkSession, path: str, metadata: Mapping[str, object],
                       depth: int = COMMIT_SEARCH_DEPTH) -> dict | None:
-    """The history entry (version, operationMetrics) of that commit, or None."""
+    """The history entry of that commit (version, metrics, user_metadata), or None."""
     from delta.tables import DeltaTable
 
     if not DeltaTable.isDeltaTable(spark, path):
@@ -176,7 +181,8 @@ def find_commit_entry(spark: SparkSession, path: str, metadata: Mapping[str, obj
             except ValueError:
                 continue
             if isinstance(meta, dict) and all(meta.get(k) == v for k, v in metadata.items()):
-                return {"version": entry["version"], "metrics": dict(entry["operationMetrics"] or {})}
+                return {"version": entry["version"], "metrics": dict(entry["operationMetrics"] or {}),
+                        "user_metadata": entry["userMetadata"]}
         if len(history) < window:  # the whole history was read
             break
     return None

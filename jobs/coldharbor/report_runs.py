@@ -26,6 +26,7 @@ class RunRecord:
     lake_versions: dict[str, int | None] = field(default_factory=dict)
     dirty_rows: dict[str, int] = field(default_factory=dict)
     row_count: int | None = None
+    served_from_postgres: list[str] = field(default_factory=list)  # tables whose initial load had not landed
 
 
 def start(conn: psycopg.Connection, run: RunRecord) -> None:
@@ -41,7 +42,7 @@ def _figures(run: RunRecord) -> Mapping[str, object]:
             "degraded": run.degraded, "missing_tier": run.missing_tier,
             "stale_since": run.stale_since, "detail": run.detail, "pg_snapshot_at": run.pg_snapshot_at,
             "lake_versions": json.dumps(run.lake_versions), "dirty_rows": json.dumps(run.dirty_rows),
-            "row_count": run.row_count}
+            "row_count": run.row_count, "served_from_postgres": run.served_from_postgres or None}
 
 
 _FINISH = """UPDATE coldharbor.report_runs
@@ -49,7 +50,8 @@ _FINISH = """UPDATE coldharbor.report_runs
                     degraded = %(degraded)s, missing_tier = %(missing_tier)s,
                     stale_since = %(stale_since)s, detail = %(detail)s, pg_snapshot_at = %(pg_snapshot_at)s,
                     lake_versions = %(lake_versions)s::jsonb, dirty_rows = %(dirty_rows)s::jsonb,
-                    row_count = %(row_count)s, error = %(error)s, finished_at = clock_timestamp()
+                    row_count = %(row_count)s, served_from_postgres = %(served_from_postgres)s,
+                    error = %(error)s, finished_at = clock_timestamp()
               WHERE run_id = %(run_id)s"""
 
 

@@ -70,6 +70,13 @@ def check_as_of(as_of: datetime, snapshot: HotSnapshot, window: timedelta) -> No
                           f"{window.total_seconds() / 3600:g} hours; the oldest time a report can be asked for "
                           f"is {(snapshot.taken_at - window).isoformat()}")
     for hot in snapshot.tables.values():
+        if hot.load_pending:
+            raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {hot.table.qualified_name}: its "
+                              "initial load has not landed in the lake yet; retry after the next export")
+        if hot.known_from is not None and as_of < hot.known_from:
+            raise ReportError(f"as-of {as_of.isoformat()} is before {hot.table.qualified_name} was loaded into the "
+                              f"lake: its initial load read the table as of {hot.known_from.isoformat()}, and the "
+                              "lake knows nothing earlier; the oldest time a report can be asked for is that one")
         if hot.unexported_since is not None and hot.unexported_since <= as_of:
             raise ReportError(f"as-of {as_of.isoformat()} is not in the lake yet: {hot.table.qualified_name} has "
                               f"changes from {hot.unexported_since.isoformat()} that are not exported; "
@@ -190,6 +197,10 @@ def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, confi
     record.lake_versions = {h.table.qualified_name: pinned[i] for i, h in snapshot.tables.items()}
     record.dirty_rows = {h.table.qualified_name: (0 if h.hot_only else h.images.num_rows)
                          for h in snapshot.tables.values()}
+    record.served_from_postgres = sorted(h.table.qualified_name for h in snapshot.tables.values() if h.load_pending)
+    if record.served_from_postgres:
+        log.info("served from PostgreSQL alone until their initial load lands: %s",
+                 ", ".join(record.served_from_postgres))
     if hot_only:
         record.degraded, record.missing_tier = True, "lake"
         record.detail = ("the lake was unreachable: served from PostgreSQL alone; rows evicted from the hot tier "

@@ -56,13 +56,14 @@ class ColdharborHook(BaseHook):
                 f"{self.coldharbor_conn_id!r}) is unreachable: {first_line}") from None
 
     def tables_needing_export(self) -> list[str]:
-        """schema.table of every registered table with a dirty change or an unfinished batch: an
-        index probe per table, so a clean minute costs no Spark start."""
+        """schema.table of every registered table with an initial load to write, a dirty change or an
+        unfinished batch: an index probe per table, so a clean minute costs no Spark start."""
         with self.connect() as conn:
             rows = conn.execute("""
                 SELECT t.schema_name || '.' || t.table_name
                   FROM coldharbor.tables t
-                 WHERE EXISTS (SELECT 1 FROM coldharbor.change_log c
+                 WHERE t.load_state = 'pending'
+                    OR EXISTS (SELECT 1 FROM coldharbor.change_log c
                                 WHERE c.table_id = t.table_id AND c.flushed_at IS NULL)
                     OR EXISTS (SELECT 1 FROM coldharbor.export_batches b
                                 WHERE b.table_id = t.table_id AND b.state = 'pending')

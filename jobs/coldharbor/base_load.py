@@ -1,0 +1,240 @@
+"""Base commits: the initial load of a table registered with rows in it, and resync (invariant 12).
+
+A base is the whole table read in ONE snapshot taken after capture was committed (so every change
+the snapshot misses is in change_log), written as one idempotent Delta append:
+
+- every row of the snapshot, with `_ch_seq` = the newest change sequence the lake holds for its key
+  (0 when it holds none: an initial load sorts before every captured change) and the base's batch
+  id, which is larger than every earlier batch's: the base wins over every older lake row of the
+  key (ties on the sequence go to the newer batch) and loses to every change exported after it;
+- a delete marker for every key the lake holds live and the snapshot does not (resync only);
+- `_ch_changed_at` = `_ch_first_changed_at` = the snapshot's time.
+
+Older lake rows stay, so as-of reports before the base still read them until compaction's history
+window lets them go. Changes the snapshot already saw and that are still dirty are exported later
+with their own sequence and resolve by last write wins.
+
+Publish order as for an export: intent (an `export_batches` row of kind load/resync) -> Delta
+commit (its metadata names the batch and the snapshot time) -> record the base. A run that dies
+after the commit is finished by the next run's recovery; one that dies before it left nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import psycopg
+from psycopg import sql
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from coldharbor import faults, lake, pg, table_reader
+from coldharbor.errors import LakeUnavailableError, TableBusyError
+from coldharbor.lake_rows import BATCH_ID, CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, latest_per_key, to_lake_rows
+from coldharbor.registry import LakeColumn, RegisteredTable
+from coldharbor.unified import table_contract
+
+log = logging.getLogger(__name__)
+
+KINDS = ("load", "resync")
+
+
+@dataclass(frozen=True)
+class LoadState:
+    """A table's initial-load state and newest base, as `coldharbor.tables` records them."""
+
+    state: str                      # pending | loaded
+    loaded_version: int | None      # Delta version of the initial load (None: nothing to load)
+    loaded_at: datetime | None      # the initial load's snapshot time: the lake knows the table from then on
+    base_version: int | None
+    base_at: datetime | None
+
+    @property
+    def pending(self) -> bool:
+        return self.state == "pending"
+
+
+def load_state(conn: psycopg.Connection, table_id: int) -> LoadState:
+    row = conn.execute("SELECT load_state, loaded_version, loaded_at, base_version, base_at "
+                       "FROM coldharbor.tables WHERE table_id = %s", (table_id,)).fetchone()
+    return LoadState(*row)
+
+
+@dataclass(frozen=True)
+class BaseResult:
+    table: str
+    kind: str
+    batch_id: int | None
+    rows: int
+    lake_version: int | None
+
+
+def settle_without_spark(conn: psycopg.Connection, table: RegisteredTable) -> bool:
+    """Records as loaded a pending table that needs no base commit; whether it did.
+
+    An entity schema's registration logged every record (its first export carries them). A table
+    is empty when a snapshot taken now -- after its registration committed, so every later write is
+    captured -- holds no row. The caller holds the table's export lock.
+    """
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        if table.source_kind != "entity":
+            has_rows = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(table.identifier)).fetchone()[0]
+            if has_rows:
+                return False
+        settled = conn.execute("UPDATE coldharbor.tables SET load_state = 'loaded', base_rows = 0 "
+                               "WHERE table_id = %s AND load_state = 'pending'", (table.table_id,)).rowcount
+    if settled:
+        log.info("%s: registered without rows to load; capture carries every row", table.qualified_name)
+    return True
+
+
+def begin(conn: psycopg.Connection, table: RegisteredTable, kind: str, run_id: str) -> int:
+    """Records the base's intent (committed before the Delta commit); returns its batch id."""
+    with conn.transaction():
+        batch_id = conn.execute(
+            "UPDATE coldharbor.tables SET last_batch_id = last_batch_id + 1 WHERE table_id = %s "
+            "RETURNING last_batch_id", (table.table_id,)).fetchone()[0]
+        conn.execute("INSERT INTO coldharbor.export_batches "
+                     "(table_id, batch_id, run_id, kind, change_count, row_count) VALUES (%s, %s, %s, %s, 0, 0)",
+                     (table.table_id, batch_id, run_id, kind))
+    return batch_id
+
+
+def lake_sequences(spark: SparkSession, path: str, keys: Sequence[str]) -> DataFrame | None:
+    """Per key the lake holds: its newest change sequence and whether that version is live."""
+    version = lake.pin_version(spark, path)
+    if version is None:
+        return None
+    newest = lake.read_version(spark, path, version).transform(latest_per_key(keys))
+    return newest.select(*keys, F.col(SEQ).alias("_ch_lake_seq"), (~F.col(DELETED)).alias("_ch_lake_live"))
+
+
+SEQUENCE_WAIT_S = 60
+
+
+def advance_change_sequence(conn: psycopg.Connection, lake_keys: DataFrame) -> None:
+    """Makes every change id from now on larger than every sequence the lake holds.
+
+    Normally it already is. After PostgreSQL was restored from a backup the sequence is back in the
+    past, and a new change with a smaller id than the lake's newest version of its key would lose to
+    it. Once the sequence is moved, the base waits for the transactions that may hold an id taken
+    before (they were running when it moved), so its snapshot holds every such change.
+    """
+    newest = lake_keys.agg(F.max("_ch_lake_seq")).first()[0]
+    if newest is None:
+        return
+    moved = conn.execute(
+        """SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
+                  setval('coldharbor.change_log_id_seq', %s)
+             FROM coldharbor.change_log_id_seq WHERE last_value < %s""", (newest, newest)).fetchone()
+    if moved is None:
+        return
+    log.warning("the change_log id sequence was behind the lake's newest change sequence %s (PostgreSQL "
+                "restored from a backup?); moved it past, waiting for transactions that took ids before", newest)
+    deadline = time.monotonic() + SEQUENCE_WAIT_S
+    while conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint < %s",
+                       (moved[0],)).fetchone()[0]:
+        if time.monotonic() > deadline:
+            raise TableBusyError(f"transactions open since the change sequence was moved did not end within "
+                                 f"{SEQUENCE_WAIT_S} s; nothing was written, retry the resync")
+        time.sleep(0.2)
+
+
+def base_rows(snapshot_rows: DataFrame, lake_keys: DataFrame | None, columns: Sequence[LakeColumn],
+              taken_at: datetime) -> DataFrame:
+    """The base's images before `to_lake_rows`: the snapshot's rows, and delete markers for the
+    keys the lake holds live that the snapshot does not."""
+    keys = [c.name for c in columns if c.is_key]
+    stamp = F.lit(taken_at).cast("timestamp")
+    if lake_keys is None:
+        rows = snapshot_rows.withColumn(SEQ, F.lit(0).cast("long")).withColumn(DELETED, F.lit(False))
+    else:
+        present = snapshot_rows.withColumn("_ch_present", F.lit(True))
+        joined = present.join(lake_keys, on=keys, how="full_outer")
+        rows = (joined.filter(F.col("_ch_present").isNotNull() | F.col("_ch_lake_live"))
+                .withColumn(SEQ, F.coalesce(F.col("_ch_lake_seq"), F.lit(0)).cast("long"))
+                .withColumn(DELETED, F.col("_ch_present").isNull()))
+    return rows.select(*[F.col(c.name) for c in columns], SEQ, DELETED,
+                       stamp.alias(CHANGED_AT), stamp.alias(FIRST_CHANGED_AT))
+
+
+def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
+               columns: Sequence[LakeColumn], path: str, kind: str, run_id: str,
+               hook: faults.Hook = faults.from_environment) -> BaseResult:
+    """Reads the table in one snapshot and commits it as a base; the caller holds the export lock."""
+    if kind not in KINDS:
+        raise ValueError(f"a base is one of {KINDS}, not {kind!r}")
+    batch_id = begin(conn, table, kind, run_id)
+    hook(f"{kind}_after_intent")
+    lake.ensure_writable(spark, path)
+    app_id = lake.export_app_id(table.table_id)
+    keys = [c.name for c in columns if c.is_key]
+    # A lake table already there (a resync, or a load into a location used before) keeps its rows:
+    # the base outranks them key by key, and marks the keys PostgreSQL no longer has deleted.
+    lake_keys = lake_sequences(spark, path, keys)
+    change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
+                                table.qualified_name)
+    if lake_keys is not None:
+        advance_change_sequence(conn, lake_keys)
+    with conn.transaction():
+        # The exporting transaction stays open until the write's tasks have imported its snapshot.
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        snapshot = table_reader.export_snapshot(conn, table)
+        hook(f"{kind}_after_snapshot")
+        current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
+        rows = (base_rows(current, lake_keys, columns, snapshot.taken_at)
+                .transform(to_lake_rows(columns, batch_id, datetime.now(timezone.utc))))
+        if faults.armed(f"{kind}_during_write"):
+            rows = faults.crash_inside_tasks(rows, f"{kind}_during_write")
+        with pg.lake_commit_lock(conn, table.table_id, path):
+            if change.widened:
+                lake.widen_columns(spark, path, change.widened, table.partition_by,
+                                   {"operation": "coldharbor-widen", "run_id": run_id,
+                                    "columns": dict(change.widened)})
+            lake.append_batch(rows, path, app_id=app_id, batch_id=batch_id, partition_by=table.partition_by,
+                              metadata={"app_id": app_id, "batch_id": batch_id, "run_id": run_id, "kind": kind,
+                                        "table": table.qualified_name,
+                                        "snapshot_at": snapshot.taken_at.isoformat()},
+                              add_columns=bool(change.added or change.metadata_added),
+                              stats_columns=[*table.key_columns, *table.sort_by])
+    hook(f"{kind}_after_commit")
+    landed = finish_if_committed(spark, conn, table, path, batch_id, kind)
+    if landed is None:
+        raise LakeUnavailableError(f"the {kind} of {table.qualified_name} was written to {path} but its commit "
+                                   "is not in the Delta history; nothing was recorded")
+    return landed
+
+
+def finish_if_committed(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
+                        batch_id: int, kind: str) -> BaseResult | None:
+    """Records a base whose Delta commit exists; None (and nothing recorded) when it does not."""
+    app_id = lake.export_app_id(table.table_id)
+    entry = lake.find_commit_entry(spark, path, {"app_id": app_id, "batch_id": batch_id})
+    if entry is None:
+        return None
+    meta = json.loads(entry["user_metadata"])
+    snapshot_at = datetime.fromisoformat(meta["snapshot_at"])
+    rows = int(entry["metrics"].get("numOutputRows", 0))
+    version = entry["version"]
+    with conn.transaction():
+        conn.execute("""UPDATE coldharbor.export_batches
+                           SET state = 'flushed', lake_version = %s, row_count = %s, snapshot_at = %s,
+                               finished_at = now()
+                         WHERE table_id = %s AND batch_id = %s""", (version, rows, snapshot_at, table.table_id, batch_id))
+        conn.execute("""UPDATE coldharbor.tables
+                           SET base_version = %(version)s, base_at = %(at)s, base_rows = %(rows)s,
+                               load_state = 'loaded',
+                               loaded_version = CASE WHEN %(load)s THEN %(version)s ELSE loaded_version END,
+                               loaded_at = CASE WHEN %(load)s THEN %(at)s ELSE loaded_at END
+                         WHERE table_id = %(table)s""",
+                     {"version": version, "at": snapshot_at, "rows": rows, "load": kind == "load",
+                      "table": table.table_id})
+    log.info("%s: %s landed as Delta version %s: %s rows read in the snapshot of %s", table.qualified_name,
+             kind, version, rows, snapshot_at.isoformat())
+    return BaseResult(table.qualified_name, kind, batch_id, rows, version)

@@ -1,0 +1,103 @@
+"""Reads a whole table from one exported PostgreSQL snapshot, in parallel, with Spark's JDBC reader.
+
+The initial load, resync and verify read every row of a table as one consistent image: a
+transaction exports its snapshot (`pg_export_snapshot()`), and each JDBC reader imports it
+(`SET TRANSACTION SNAPSHOT`) before reading its share. Shares are ranges of the table's physical
+blocks (`ctid`, a TID range scan: each reader reads only its blocks, whatever the key's type),
+the last one open-ended so rows on blocks added after the estimate are still read exactly once.
+A select takes ACCESS SHARE only: the application's writes are never blocked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from psycopg import sql
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from coldharbor.hot_reader import AS_TEXT, JDBC_FETCH_SIZE
+from coldharbor.pg import JdbcTarget
+from coldharbor.registry import LakeColumn, RegisteredTable
+
+
+@dataclass(frozen=True)
+class TableSnapshot:
+    """An exported snapshot, held open by the transaction of the connection that exported it."""
+
+    snapshot_id: str
+    taken_at: datetime      # a clock reading after the snapshot was taken: it holds every commit before this
+    blocks: int             # the table's size in blocks when the snapshot was taken (an estimate for shares)
+
+
+def export_snapshot(conn: psycopg.Connection, table: RegisteredTable) -> TableSnapshot:
+    """Exports the snapshot of the transaction open on `conn` (REPEATABLE READ, set by the caller).
+
+    `taken_at` is read in the statement that takes the snapshot, after it: every transaction the
+    snapshot holds committed before `taken_at`.
+    """
+    snapshot_id, taken_at = conn.execute("SELECT pg_export_snapshot(), clock_timestamp()").fetchone()
+    blocks = conn.execute(sql.SQL(
+        "SELECT coalesce(max(pg_relation_size(r.relid) / current_setting('block_size')::bigint), 0) "
+        "FROM pg_partition_tree({rel}::regclass) r WHERE r.isleaf").format(
+        rel=sql.Literal(table.identifier.as_string(conn)))).fetchone()[0]
+    return TableSnapshot(snapshot_id, taken_at, int(blocks))
+
+
+def block_ranges(blocks: int, parts: int) -> list[tuple[int | None, int | None]]:
+    """[start, end) block ranges covering the table: the first starts at None (block 0), the last
+    ends at None (open: blocks added later are read too). One range for a small table."""
+    parts = max(1, min(parts, blocks))
+    if parts == 1:
+        return [(None, None)]
+    step = -(-blocks // parts)
+    bounds = [i * step for i in range(1, parts) if i * step < blocks]
+    starts = [None, *bounds]
+    ends = [*bounds, None]
+    return list(zip(starts, ends))
+
+
+def share_query(table: RegisteredTable, columns: Sequence[LakeColumn], start: int | None,
+                end: int | None) -> sql.Composed:
+    """The rows of one block range, typed for the lake (uuid and json as text)."""
+    def output(c: LakeColumn) -> sql.Composable:
+        expr = sql.SQL("t.{}").format(sql.Identifier(c.name))
+        if c.pg_type in AS_TEXT:
+            expr = sql.SQL("({})::text").format(expr)
+        return sql.SQL("{} AS {}").format(expr, sql.Identifier(c.name))
+
+    bounds = []
+    if start is not None:
+        bounds.append(sql.SQL("t.ctid >= {}::tid").format(sql.Literal(f"({start},0)")))
+    if end is not None:
+        bounds.append(sql.SQL("t.ctid < {}::tid").format(sql.Literal(f"({end},0)")))
+    where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(bounds) if bounds else sql.SQL("")
+    return sql.SQL("SELECT {columns} FROM {table} t{where}").format(
+        columns=sql.SQL(", ").join(output(c) for c in columns), table=table.identifier, where=where)
+
+
+def read_table(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, snapshot: TableSnapshot,
+               table: RegisteredTable, columns: Sequence[LakeColumn], parts: int | None = None) -> DataFrame:
+    """Every row of the table as of `snapshot`, one JDBC reader per core (or `parts`).
+
+    Lazy: each action re-reads, so the exporting transaction must stay open until the last action
+    over the frame has run (an import needs the exporter alive). Columns keep their JDBC types;
+    callers cast with their own contract.
+    """
+    parts = parts or max(1, spark.sparkContext.defaultParallelism)
+    init = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
+            f"SET TRANSACTION SNAPSHOT '{snapshot.snapshot_id}'")
+    frame = None
+    for start, end in block_ranges(snapshot.blocks, parts):
+        share = (spark.read.format("jdbc").options(**jdbc.options())
+                 .option("query", share_query(table, columns, start, end).as_string(conn))
+                 .option("fetchsize", JDBC_FETCH_SIZE)
+                 .option("preferTimestampNTZ", "true")  # timestamp (no zone) stays zone-free
+                 .option("sessionInitStatement", init)
+                 .option("prepareThreshold", "-1")  # binary rows from the first execution
+                 .load())
+        frame = share if frame is None else frame.union(share)
+    return frame.select(*[F.col(c.name) for c in columns])

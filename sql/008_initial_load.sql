@@ -31,3 +31,31 @@ ALTER TABLE coldharbor.maintenance_runs
 
 -- Reports record the tables they served from PostgreSQL alone because their initial load had not landed.
 ALTER TABLE coldharbor.report_runs ADD COLUMN served_from_postgres text[];
+
+-- At the commit of a registration, a table found empty needs no load: capture was installed earlier
+-- in the same transaction, whose lock on the table waited for every writer before it, so a fresh
+-- look at commit sees every row capture will not carry. A registration in a REPEATABLE READ or
+-- SERIALIZABLE transaction cannot look afresh and stays pending (the export settles an empty
+-- table's load without Spark). An entity schema needs none: its registration logs every record.
+CREATE FUNCTION coldharbor.settle_load_at_registration() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_has_rows boolean;
+BEGIN
+    IF NEW.source_kind <> 'entity' THEN
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RETURN NULL;
+        END IF;
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I.%I)', NEW.schema_name, NEW.table_name) INTO v_has_rows;
+        IF v_has_rows THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    UPDATE coldharbor.tables SET load_state = 'loaded', base_rows = 0
+     WHERE table_id = NEW.table_id AND load_state = 'pending';
+    RETURN NULL;
+END;
+$$;
+
+CREATE CONSTRAINT TRIGGER settle_load_at_registration AFTER INSERT ON coldharbor.tables
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION coldharbor.settle_load_at_registration();

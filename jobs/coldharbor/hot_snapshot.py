@@ -136,28 +136,34 @@ def read(conn: psycopg.Connection, pinned: Mapping[int, int | None], tables: Seq
     snapshot. With `hot_only` the lake is not read and each table comes whole from PostgreSQL."""
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        taken_at = conn.execute("SELECT statement_timestamp()").fetchone()[0]  # takes the snapshot
-        result: dict[int, HotTable] = {}
-        for table in tables:
-            columns = tuple(registry.lake_columns(conn, table))
-            version = None if hot_only else pinned[table.table_id]
-            load = base_load.load_state(conn, table.table_id)
-            if not hot_only and version is None and _flushed_before(conn, table):
-                raise LakeUnavailableError(f"the lake table of {table.qualified_name} is missing, but changes of it "
-                                           "were flushed there; the lake location is wrong or was removed")
-            if hot_only or _load_not_in(load, version):
-                # Invariant 12: until the initial load is in lake@V, PostgreSQL alone is the table.
-                images = _fetch_arrow(conn, whole_table_query(table, columns), columns)
-                result[table.table_id] = HotTable(table, columns, images, None, hot_only=True,
-                                                  load_pending=not hot_only)
-                if not hot_only:
-                    log.info("%s: initial load not in lake version %s; served from PostgreSQL alone (%s rows)",
-                             table.qualified_name, version, images.num_rows)
-                continue
-            since = -1 if version is None else version
-            images = _fetch_arrow(conn, dirty_images_query(table, columns, since,
-                                                           hot_reader.source_relation(conn, table)), columns)
-            result[table.table_id] = HotTable(table, columns, images, _unexported_since(conn, table, since),
-                                              known_from=load.loaded_at)
-            log.info("%s: %s dirty keys against lake version %s", table.qualified_name, images.num_rows, version)
+        return read_in_transaction(conn, pinned, tables, hot_only)
+
+
+def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | None],
+                        tables: Sequence[RegisteredTable], hot_only: bool = False) -> HotSnapshot:
+    """`read`, inside a REPEATABLE READ transaction the caller opened (and may have exported)."""
+    taken_at = conn.execute("SELECT statement_timestamp()").fetchone()[0]  # takes the snapshot
+    result: dict[int, HotTable] = {}
+    for table in tables:
+        columns = tuple(registry.lake_columns(conn, table))
+        version = None if hot_only else pinned[table.table_id]
+        load = base_load.load_state(conn, table.table_id)
+        if not hot_only and version is None and _flushed_before(conn, table):
+            raise LakeUnavailableError(f"the lake table of {table.qualified_name} is missing, but changes of it "
+                                       "were flushed there; the lake location is wrong or was removed")
+        if hot_only or _load_not_in(load, version):
+            # Invariant 12: until the initial load is in lake@V, PostgreSQL alone is the table.
+            images = _fetch_arrow(conn, whole_table_query(table, columns), columns)
+            result[table.table_id] = HotTable(table, columns, images, None, hot_only=True,
+                                              load_pending=not hot_only)
+            if not hot_only:
+                log.info("%s: initial load not in lake version %s; served from PostgreSQL alone (%s rows)",
+                         table.qualified_name, version, images.num_rows)
+            continue
+        since = -1 if version is None else version
+        images = _fetch_arrow(conn, dirty_images_query(table, columns, since,
+                                                       hot_reader.source_relation(conn, table)), columns)
+        result[table.table_id] = HotTable(table, columns, images, _unexported_since(conn, table, since),
+                                          known_from=load.loaded_at)
+        log.info("%s: %s dirty keys against lake version %s", table.qualified_name, images.num_rows, version)
     return HotSnapshot(taken_at, result)

@@ -209,3 +209,30 @@ def test_the_load_never_blocks_the_application(spark, pg_dsn, pg_conn, table_nam
     assert modes <= {"AccessShareLock"}, modes
     export(spark, pg_dsn, table_name, lake_root)
     assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
+
+
+def test_registration_settles_an_empty_table_at_commit_and_keeps_a_filled_one_pending(pg_conn, table_name):
+    empty, filled = f"{table_name}_e", f"{table_name}_f"
+    pg_conn.execute(f"CREATE TABLE {empty} ({DDL})")
+    pg_conn.execute(f"CREATE TABLE {filled} ({DDL})")
+    pg_conn.execute(f"INSERT INTO {filled} VALUES (1, 'a', 1, 'new')")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (empty,))
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (filled,))
+    assert not state_of(pg_conn, empty).pending
+    assert state_of(pg_conn, filled).pending
+
+
+def test_a_registration_in_a_repeatable_read_transaction_stays_pending_and_the_export_settles_it(
+        spark, pg_dsn, pg_conn, table_name, lake_root):
+    """Such a transaction cannot look at the table afresh at commit: its load is left to the export."""
+    pg_conn.execute(f"CREATE TABLE {table_name} ({DDL})")
+    with pg_conn.transaction():
+        pg_conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    assert state_of(pg_conn, table_name).pending
+    with pg.connect(pg_dsn) as conn:
+        [table] = registry.load(conn, table_name)
+        from coldharbor.export import needs_spark
+
+        assert not needs_spark(conn, table)  # settled by a snapshot look, no Spark started
+    assert not state_of(pg_conn, table_name).pending

@@ -1,0 +1,153 @@
+"""verify finds every way the lake can drift from PostgreSQL; resync repairs it (real PostgreSQL and Spark + Delta)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import functions as F
+
+from coldharbor import pg, registry, resync, verify
+from coldharbor.errors import TableBusyError
+from tests.helpers import export, lake_live, pg_rows, serve_report
+
+DDL = "id bigint PRIMARY KEY, customer text, amount numeric(12,2), status text"
+
+
+def loaded_table(spark, dsn, conn, name: str, lake_root: str, rows: int = 3000) -> str:
+    """A table registered with rows, loaded, changed and exported, with a few changes still dirty."""
+    conn.execute(f"CREATE TABLE {name} ({DDL})")
+    conn.execute(f"INSERT INTO {name} SELECT g, 'c' || (g % 13), g * 0.5, 'new' FROM generate_series(1, {rows}) g")
+    conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+    conn.execute(f"UPDATE {name} SET status = 'paid' WHERE id % 10 = 0")
+    export(spark, dsn, name, lake_root)
+    conn.execute(f"UPDATE {name} SET status = 'dirty' WHERE id % 100 = 1")
+    conn.execute(f"DELETE FROM {name} WHERE id % 100 = 2")
+    return f"{lake_root}/public/{name}"
+
+
+def run_verify(spark, dsn, name: str, lake_root: str, chunks: int = 8) -> verify.VerifyResult:
+    with pg.connect(dsn) as conn:
+        [table] = registry.load(conn, name)
+        config = verify.VerifyConfig(name, lake_root, chunks, "test-verify")
+        return verify.verify_table(spark, conn, pg.JdbcTarget.from_dsn(dsn), table, config)
+
+
+def run_resync(spark, dsn, name: str, lake_root: str):
+    with pg.connect(dsn) as conn:
+        [table] = registry.load(conn, name)
+        return resync.resync_table(spark, conn, pg.JdbcTarget.from_dsn(dsn), table,
+                                   resync.ResyncConfig(name, lake_root, "test-resync"))
+
+
+def test_a_table_with_dirty_changes_is_in_sync(spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, capsys):
+    loaded_table(spark, pg_dsn, pg_conn, table_name, lake_root)
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    assert verify.main(["--table", table_name, "--lake-root", lake_root, "--chunks", "5"]) == 0
+    count = pg_conn.execute(f"SELECT count(*) FROM {table_name}").fetchone()[0]
+    assert f"public.{table_name} in sync: {count} rows in 5 chunks" in capsys.readouterr().out
+    last = pg_conn.execute("SELECT state, detail->>'result' FROM coldharbor.maintenance_runs "
+                           "WHERE kind = 'verify' ORDER BY started_at DESC LIMIT 1").fetchone()
+    assert last == ("succeeded", "in sync")
+
+
+def delete_row(spark, path: str) -> None:
+    DeltaTable.forPath(spark, path).delete("id = 1234")
+
+
+def change_row(spark, path: str) -> None:
+    DeltaTable.forPath(spark, path).update("id = 2345", {"status": F.lit("tampered")})
+
+
+def add_row(spark, path: str) -> None:
+    rows = spark.read.format("delta").load(path).filter("id = 5").withColumn("id", F.lit(99999).cast("long"))
+    rows.write.format("delta").mode("append").save(path)
+
+
+@pytest.mark.parametrize("edit,problem", [
+    (delete_row, "missing from the lake view"),
+    (change_row, "different values"),
+    (add_row, "not in PostgreSQL"),
+], ids=["row-deleted-from-lake", "row-changed-in-lake", "row-added-to-lake"])
+def test_verify_finds_a_lake_edited_by_hand_and_resync_repairs_it(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                                  edit, problem):
+    path = loaded_table(spark, pg_dsn, pg_conn, table_name, lake_root)
+    edit(spark, path)
+
+    found = run_verify(spark, pg_dsn, table_name, lake_root)
+    assert not found.in_sync and len(found.differing) == 1
+    assert len(found.samples) == 1 and problem in found.samples[0]["problem"], found.samples
+    assert "NOT in sync" in found.summary()
+
+    run_resync(spark, pg_dsn, table_name, lake_root)
+    assert run_verify(spark, pg_dsn, table_name, lake_root).in_sync
+    export(spark, pg_dsn, table_name, lake_root)
+    assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
+
+
+def test_verify_finds_a_dirty_change_marked_flushed_by_hand(spark, pg_dsn, pg_conn, table_name, lake_root):
+    loaded_table(spark, pg_dsn, pg_conn, table_name, lake_root)
+    pg_conn.execute(f"UPDATE {table_name} SET amount = -7 WHERE id = 777")
+    pg_conn.execute("""UPDATE coldharbor.change_log SET flushed_at = now(), lake_version = 0
+                        WHERE flushed_at IS NULL AND key = jsonb_build_object('id', 777::bigint)""")
+    found = run_verify(spark, pg_dsn, table_name, lake_root)
+    assert [s["key"] for s in found.samples] == ["(id=777)"]
+    run_resync(spark, pg_dsn, table_name, lake_root)
+    assert run_verify(spark, pg_dsn, table_name, lake_root).in_sync
+
+
+def test_text_keys_are_chunked_by_hash_and_still_compared(spark, pg_dsn, pg_conn, table_name, lake_root):
+    pg_conn.execute(f"CREATE TABLE {table_name} (code text, region text, n integer, PRIMARY KEY (code, region))")
+    pg_conn.execute(f"INSERT INTO {table_name} SELECT md5(g::text), 'r' || (g % 4), g FROM generate_series(1, 800) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    export(spark, pg_dsn, table_name, lake_root)
+    assert run_verify(spark, pg_dsn, table_name, lake_root, chunks=7).in_sync
+    DeltaTable.forPath(spark, f"{lake_root}/public/{table_name}").update("n = 17", {"n": F.lit(-1)})
+    found = run_verify(spark, pg_dsn, table_name, lake_root, chunks=7)
+    assert len(found.samples) == 1 and "code=" in found.samples[0]["key"]
+
+
+def test_resync_keeps_earlier_versions_for_as_of_reports(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                        monkeypatch):
+    loaded_table(spark, pg_dsn, pg_conn, table_name, lake_root, rows=500)
+    export(spark, pg_dsn, table_name, lake_root)
+    before = datetime.now(timezone.utc)
+    old_total = pg_conn.execute(f"SELECT sum(amount) FROM {table_name}").fetchone()[0]
+    pg_conn.execute(f"UPDATE {table_name} SET amount = amount + 1000 WHERE id <= 50")
+    export(spark, pg_dsn, table_name, lake_root)
+    run_resync(spark, pg_dsn, table_name, lake_root)
+
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT sum(amount) AS total FROM {table_name}",
+                        "--target", "adhoc_resync_as_of", "--as-of", before.isoformat()) == 0
+    assert pg_conn.execute("SELECT total FROM reports.adhoc_resync_as_of").fetchone()[0] == old_total
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT sum(amount) AS total FROM {table_name}",
+                        "--target", "adhoc_resync_now") == 0
+    assert pg_conn.execute("SELECT total FROM reports.adhoc_resync_now").fetchone()[0] == \
+        pg_conn.execute(f"SELECT sum(amount) FROM {table_name}").fetchone()[0]
+
+
+def test_resync_while_the_table_is_exported_changes_nothing(spark, pg_dsn, pg_conn, table_name, lake_root):
+    loaded_table(spark, pg_dsn, pg_conn, table_name, lake_root, rows=100)
+    [table] = registry.load(pg_conn, table_name)
+    with pg.connect(pg_dsn) as holder, pg.advisory_lock(holder, "export", table.table_id):
+        with pytest.raises(TableBusyError, match="being exported or compacted"):
+            run_resync(spark, pg_dsn, table_name, lake_root)
+    assert pg_conn.execute("SELECT count(*) FROM coldharbor.export_batches WHERE table_id = %s AND kind = 'resync'",
+                           (table.table_id,)).fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("job", [verify, resync], ids=["verify", "resync"])
+def test_an_unregistered_table_is_refused_with_exit_2(pg_dsn, lake_root, monkeypatch, caplog, job):
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    assert job.main(["--table", "public.no_such_table", "--lake-root", lake_root]) == 2
+    assert "public.no_such_table is not registered" in caplog.text
+
+
+def test_verify_before_the_initial_load_is_refused(spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog):
+    pg_conn.execute(f"CREATE TABLE {table_name} ({DDL})")
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a', 1, 'new')")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    assert verify.main(["--table", table_name, "--lake-root", lake_root]) == 2
+    assert "initial load has not landed" in caplog.text

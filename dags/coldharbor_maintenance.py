@@ -2,11 +2,14 @@
 
 Compaction runs hourly, and also as soon as exports have updated the lake asset; either way it
 compacts only the tables with enough exports since their last compaction (the job then checks
-the actual small files). Cleanup (eviction, VACUUM, change-log pruning, run expiry) runs daily.
+the actual small files). Cleanup (eviction, VACUUM, change-log pruning, run expiry) runs daily,
+then verifies each table whose last verify is older than COLDHARBOR_VERIFY_EVERY_DAYS (default 7)
+against PostgreSQL; a table out of sync fails its mapped verify task.
 """
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 from airflow.sdk import Asset, dag, task
@@ -17,6 +20,8 @@ from coldharbor_common import SPARK_POOL, START, default_args
 
 LAKE_EXPORTS = Asset("coldharbor://lake/exports")
 MIN_NEW_EXPORTS = 30  # about half an hour of per-minute exports
+# Each table is verified against PostgreSQL after the daily cleanup once its last verify is this old.
+VERIFY_EVERY_DAYS = float(os.environ.get("COLDHARBOR_VERIFY_EVERY_DAYS", "7"))
 
 
 @dag(
@@ -52,7 +57,19 @@ def coldharbor_compaction():
     doc_md=__doc__,
 )
 def coldharbor_cleanup():
-    ColdharborSparkJobOperator(task_id="cleanup", job="cleanup.py", pool=SPARK_POOL)
+    cleanup = ColdharborSparkJobOperator(task_id="cleanup", job="cleanup.py", pool=SPARK_POOL)
+
+    @task(execution_timeout=timedelta(minutes=1))
+    def tables_to_verify() -> list[list[str]]:
+        from coldharbor_airflow.hooks import ColdharborHook
+
+        return [["--table", name] for name in ColdharborHook().tables_needing_verify(VERIFY_EVERY_DAYS)]
+
+    # A table whose lake view differs from PostgreSQL fails its mapped task: the log names the key ranges.
+    verify = ColdharborSparkJobOperator.partial(
+        task_id="verify", job="verify.py", pool=SPARK_POOL, map_index_template="{{ task.job_args[1] }}",
+    ).expand(job_args=tables_to_verify())
+    cleanup >> verify
 
 
 coldharbor_compaction()

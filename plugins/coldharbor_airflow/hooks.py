@@ -85,6 +85,19 @@ class ColdharborHook(BaseHook):
                  ORDER BY t.table_id""", (min_new_batches,)).fetchall()
         return [r[0] for r in rows]
 
+    def tables_needing_verify(self, every_days: float) -> list[str]:
+        """Loaded tables whose last verify started more than `every_days` ago (or never ran)."""
+        with self.connect() as conn:
+            rows = conn.execute("""
+                SELECT t.schema_name || '.' || t.table_name
+                  FROM coldharbor.tables t
+                 WHERE t.load_state = 'loaded'
+                   AND coalesce((SELECT max(m.started_at) FROM coldharbor.maintenance_runs m
+                                  WHERE m.table_id = t.table_id AND m.kind = 'verify'), '-infinity')
+                       < now() - make_interval(secs => %s)
+                 ORDER BY t.table_id""", (every_days * 86400,)).fetchall()
+        return [r[0] for r in rows]
+
     def health(self, recent_runs: int = 10) -> dict[str, Any]:
         """The figures of the health page, per table and for recent report runs, from PostgreSQL."""
         with self.connect() as conn:

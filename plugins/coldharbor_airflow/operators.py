@@ -20,7 +20,7 @@ from coldharbor_airflow.hooks import DEFAULT_CONN_ID, ColdharborHook
 from coldharbor_airflow.paths import JOBS_DIR
 
 LAKE_ROOT_VARIABLE = "coldharbor_lake_root"
-JOBS = ("cdc_export.py", "compact.py", "cleanup.py", "purge.py", "serve_report.py")
+JOBS = ("cdc_export.py", "compact.py", "cleanup.py", "purge.py", "serve_report.py", "resync.py", "verify.py")
 
 
 class ColdharborSparkJobOperator(SparkSubmitOperator):
@@ -79,7 +79,8 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
                 code = _exit_code(str(exc))
                 if code is None:
                     raise
-                meaning = JOB_EXIT_CODES.get(code, "Spark or the job failed")
+                meaning = {**JOB_EXIT_CODES, **JOB_SPECIFIC_EXIT_CODES.get(self.job, {})}.get(
+                    code, "Spark or the job failed")
                 raise AirflowException(f"{self.job} exited with code {code}: {meaning}; the job's own message "
                                        "is in the log lines above") from exc
 
@@ -90,6 +91,12 @@ JOB_EXIT_CODES = {
     2: "refused or a tier was unreachable; nothing was changed or marked",
     3: "compaction gave up after repeated conflicts; the table is unchanged",
     4: "the purge is incomplete (rows still match)",
+}
+
+
+JOB_SPECIFIC_EXIT_CODES = {
+    "verify.py": {1: "the lake view differs from PostgreSQL (the differing key ranges and sample keys are above); "
+                     "repair it with the coldharbor_resync DAG"},
 }
 
 

@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from airflow.sdk.exceptions import ParamValidationError
+
 PROJECT = Path(__file__).resolve().parents[2]
 # The report headers are read with coldharbor.report_spec (pure Python); nothing else of the jobs.
 HEAVY = ("pyspark", "psycopg", "pandas", "delta", "pyarrow", "sqlglot")
@@ -21,7 +24,7 @@ def load(airflow_home):
 def test_every_dag_imports_without_errors(airflow_home):
     bag = load(airflow_home)
     assert bag.import_errors == {}
-    assert {"coldharbor_cdc", "coldharbor_compaction", "coldharbor_cleanup", "coldharbor_adhoc_report",
+    assert {"coldharbor_cdc", "coldharbor_compaction", "coldharbor_cleanup", "coldharbor_adhoc_report", "coldharbor_resync",
             "coldharbor_report_demo_orders_by_status", "coldharbor_report_demo_top_customers"} <= set(bag.dags)
     for stat in bag.dagbag_stats:
         print(f"{stat.file}: DagBag parse {stat.duration.total_seconds():.3f} s")
@@ -58,3 +61,17 @@ def test_parsing_a_dag_file_imports_nothing_heavy(airflow_home):
         report = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"{path.name}: parsed in {report['took']:.3f} s")
         assert not set(HEAVY) & set(report["loaded"]), (path.name, set(HEAVY) & set(report["loaded"]))
+
+
+def test_the_resync_dag_takes_the_table_as_a_checked_param_and_cleanup_verifies_after_cleaning(airflow_home):
+    bag = load(airflow_home)
+    resync = bag.dags["coldharbor_resync"]
+    [task] = resync.tasks
+    assert (task.job, task.job_args) == ("resync.py", ["--table", "{{ params.table }}"])
+    table = resync.params.get_param("table")
+    table.resolve("public.orders")
+    for hostile in ("public.orders; DROP TABLE x", "--help", "a.b.c", "", "public.orders\n--lake-root /tmp"):
+        with pytest.raises(ParamValidationError):
+            table.resolve(hostile)
+    cleanup = bag.dags["coldharbor_cleanup"]
+    assert cleanup.get_task("verify").upstream_task_ids >= {"cleanup", "tables_to_verify"}

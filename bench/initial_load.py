@@ -1,0 +1,124 @@
+"""Initial load and verify of a table registered with rows in it, side by side with what PostgreSQL
+itself delivers (`COPY ... TO STDOUT (FORMAT binary)` read by one client), and the application's
+write rate while the load runs against the same workload with no load running.
+
+    python -m bench.initial_load [--rows 10000000] [--seconds 20]
+
+Spark runs in this process (local[2], warm: the warm-engine issue removes the JVM start from the
+per-run cost); the figures are end to end for the load itself: snapshot, parallel JDBC read, Delta
+write, recording the base.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+
+import psycopg
+
+from bench.common import Row, render, temporary_postgres, timed
+from coldharbor import pg, registry, verify
+from coldharbor.export import ExportConfig, export_table
+
+COLUMNS = """id bigint PRIMARY KEY, customer integer NOT NULL, amount numeric(12,2) NOT NULL, price double precision,
+             status text NOT NULL, note varchar(40), created date NOT NULL, updated timestamptz NOT NULL,
+             paid boolean NOT NULL, ref uuid NOT NULL"""
+FILL = """INSERT INTO bench_load SELECT g, g % 100000, (g % 10000) / 100.0, g * 0.5, 'status-' || (g % 7),
+                 'note ' || (g % 1000), date '2020-01-01' + (g % 2000), timestamptz '2020-01-01' + g * interval '1 s',
+                 g % 2 = 0, md5(g::text)::uuid
+            FROM generate_series({start}, {end}) g"""
+
+
+def fill(dsn: str, rows: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE bench_load ({COLUMNS})")
+        step = 1_000_000
+        for start in range(1, rows + 1, step):
+            conn.execute(FILL.format(start=start, end=min(rows, start + step - 1)))
+        conn.execute("VACUUM ANALYZE bench_load")
+
+
+def copy_binary(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        with cur.copy("COPY (SELECT * FROM bench_load) TO STDOUT (FORMAT binary)") as copy:
+            for _ in copy:
+                pass
+
+
+def write_rate(dsn: str, rows: int, stop: threading.Event, counts: list[int]) -> None:
+    """Single-row UPDATE transactions, as an application makes them, until `stop`."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            conn.execute("UPDATE bench_load SET amount = amount + 1 WHERE id = %s", ((i * 7919) % rows + 1,))
+            counts[0] += 1
+
+
+def writes_for(dsn: str, rows: int, seconds: float, during=None) -> tuple[float, float]:
+    """(writes/s, wall of `during`) with the writer running while `during` runs (or for `seconds`)."""
+    stop, counts = threading.Event(), [0]
+    writer = threading.Thread(target=write_rate, args=(dsn, rows, stop, counts))
+    start = time.perf_counter()
+    writer.start()
+    wall = timed(during) if during else (time.sleep(seconds) or seconds)
+    stop.set()
+    writer.join()
+    return counts[0] / (time.perf_counter() - start), wall
+
+
+def run(rows: int = 10_000_000, seconds: float = 20.0) -> list[Row]:
+    from coldharbor.spark import get_session
+
+    spark = get_session("coldharbor-bench-initial-load")
+    with temporary_postgres() as dsn, tempfile.TemporaryDirectory(prefix="coldharbor-bench-lake-") as lake_root:
+        fill(dsn, rows)
+        copy_s = timed(lambda: copy_binary(dsn))
+        idle_rate, _ = writes_for(dsn, rows, seconds)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT coldharbor.register_table('public.bench_load')")
+
+        def load() -> None:
+            with pg.connect(dsn) as conn:
+                [table] = registry.load(conn, "public.bench_load")
+                result = export_table(spark, conn, pg.JdbcTarget.from_dsn(dsn), table,
+                                      ExportConfig("public.bench_load", lake_root, "bench"), lambda point: None)
+                assert result.loaded_rows == rows, result
+
+        loading_rate, load_s = writes_for(dsn, rows, seconds, during=load)
+
+        def check() -> None:
+            with pg.connect(dsn) as conn:
+                [table] = registry.load(conn, "public.bench_load")
+                found = verify.verify_table(spark, conn, pg.JdbcTarget.from_dsn(dsn), table,
+                                            verify.VerifyConfig("public.bench_load", lake_root, 16, "bench"))
+                assert found.in_sync, found.summary()
+
+        verify_s = timed(check)
+    spark.stop()
+    return [
+        Row("initial load", "COPY binary, one client (reference)", rows / copy_s, "rows/s", "-", None),
+        Row("initial load", "load end to end", rows / load_s, "rows/s", ">= 100,000", rows / load_s >= 100_000),
+        Row("initial load", "load / COPY binary", (rows / load_s) / (rows / copy_s), "x", "-", None),
+        Row("initial load", "app writes, no load", idle_rate, "tx/s", "-", None),
+        Row("initial load", "app writes during the load", loading_rate, "tx/s", "-", None),
+        Row("initial load", "writes during / no load", loading_rate / idle_rate * 100, "%", ">= 70 %",
+            loading_rate / idle_rate >= 0.7),
+        Row("verify", "unified view vs PostgreSQL", rows / verify_s, "rows/s", ">= 200,000", rows / verify_s >= 200_000),
+    ]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.initial_load", description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long the idle write rate is measured")
+    args = parser.parse_args(argv)
+    print(render(run(args.rows, args.seconds)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

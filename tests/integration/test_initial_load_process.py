@@ -52,7 +52,10 @@ def test_a_load_killed_at_any_point_is_finished_by_the_next_run_with_no_row_lost
         assert result.recovered_batches == 1 and loads == [(1, "load", "flushed")]
     else:
         assert loads[-1][2] == "flushed" and all(state == "abandoned" for _, _, state in loads[:-1])
-    assert lake_table(spark, lake_root, table_name).filter("_ch_seq = 0").count() == ROWS, "one base, no double"
+    # A committed load holds the rows before the deletes; a redone one reads them after.
+    expected_base = ROWS if point == "load_after_commit" else ROWS - ROWS // 83
+    base = lake_table(spark, lake_root, table_name).filter("_ch_seq = 0")
+    assert base.count() == base.select("id").distinct().count() == expected_base, "one base, no double"
     assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from urllib.parse import quote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -16,6 +17,18 @@ from coldharbor.errors import ConfigError, PostgresUnavailableError
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10
+APPLICATION_NAME = "coldharbor"
+
+# The DSN parameters Coldharbor passes on, and their name among the PostgreSQL JDBC driver's
+# connection properties: the same server, TLS checks, session options and name for psycopg and
+# for Spark's JDBC readers and writers. Anything else is refused rather than honoured by one side
+# only (sslkey, for one, is PEM for libpq but PKCS-8 DER for the JDBC driver).
+JDBC_PROPERTIES = {"sslmode": "sslmode", "sslrootcert": "sslrootcert", "options": "options",
+                   "application_name": "ApplicationName", "connect_timeout": "connectTimeout"}
+ADDRESS_PARAMETERS = ("host", "port", "dbname", "user", "password")
+# libpq's parse errors quote the offending text, which may be the password: they are not repeated.
+UNPARSABLE_DSN = ("the PostgreSQL DSN does not parse (libpq's message is withheld: it may quote the password); "
+                  "check its quoting, or percent-encode special characters in a URL")
 
 # First key of the two-key advisory lock: one namespace per job kind, the table id is the second.
 LOCK_NAMESPACES = {"export": 0x43480001, "compact": 0x43480002, "cleanup": 0x43480003,
@@ -23,10 +36,15 @@ LOCK_NAMESPACES = {"export": 0x43480001, "compact": 0x43480002, "cleanup": 0x434
 
 
 def connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection:
-    """A connection to the hot tier, or PostgresUnavailableError saying where it failed."""
+    """A connection to the hot tier, or PostgresUnavailableError saying where it failed.
+
+    The DSN's own parameters (sslmode, options, application_name, ...) apply as given; without an
+    application_name the session is named "coldharbor"."""
+    params = dsn_params(dsn)
     try:
-        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S,
-                               application_name="coldharbor")
+        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=params.get("connect_timeout")
+                               or CONNECT_TIMEOUT_S, application_name=params.get("application_name")
+                               or APPLICATION_NAME)
     except psycopg.OperationalError as exc:
         target = describe(dsn)
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -37,8 +55,8 @@ def describe(dsn: str) -> str:
     """host:port/dbname of a DSN, without credentials, for messages and logs."""
     try:
         params = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as exc:
-        raise ConfigError(f"the PostgreSQL DSN does not parse: {exc}") from exc
+    except psycopg.ProgrammingError:
+        raise ConfigError(UNPARSABLE_DSN) from None
     return f"{params.get('host', 'localhost')}:{params.get('port', 5432)}/{params.get('dbname', '')}"
 
 
@@ -82,6 +100,20 @@ def lake_commit_lock(conn: psycopg.Connection, table_id: int, path: str) -> Iter
             conn.execute("SELECT pg_advisory_unlock(%s, %s)", key)
 
 
+def dsn_params(dsn: str) -> dict[str, str]:
+    """The DSN's parameters, or a ConfigError naming the first one Coldharbor does not pass on."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise ConfigError(UNPARSABLE_DSN) from None
+    unknown = sorted(set(params) - set(ADDRESS_PARAMETERS) - set(JDBC_PROPERTIES))
+    if unknown:
+        raise ConfigError(f"the PostgreSQL DSN parameter {unknown[0]!r} is not supported: Coldharbor passes "
+                          f"{', '.join((*ADDRESS_PARAMETERS, *JDBC_PROPERTIES))} to both psycopg and Spark's "
+                          "JDBC driver, and nothing else")
+    return {k: str(v) for k, v in params.items()}
+
+
 @dataclass(frozen=True)
 class JdbcTarget:
     """The same server as a DSN, addressed the way Spark's JDBC source wants it."""
@@ -89,22 +121,35 @@ class JdbcTarget:
     url: str
     user: str
     password: str | None
+    properties: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_dsn(cls, dsn: str) -> JdbcTarget:
-        params = conninfo_to_dict(dsn)
+        """The URL names only host, port and database; the DSN's TLS settings, session options and
+        application name become JDBC properties, unchanged (application_name defaults to
+        "coldharbor", as for psycopg); the password is a property too, never part of the URL."""
+        params = dsn_params(dsn)
         host = params.get("host") or "127.0.0.1"
         if host.startswith("/"):
             raise ConfigError("Spark's JDBC needs TCP: the PostgreSQL DSN names a Unix socket; "
                               "use host=127.0.0.1 (or the server's address) and a port")
+        if "," in host:
+            raise ConfigError("the PostgreSQL DSN names several hosts; Coldharbor's JDBC readers need one")
         port = params.get("port") or "5432"
         dbname = params.get("dbname") or params.get("user") or "postgres"
-        return cls(url=f"jdbc:postgresql://{host}:{port}/{dbname}",
-                   user=params.get("user") or "postgres", password=params.get("password"))
+        properties = {JDBC_PROPERTIES[k]: v for k, v in params.items() if k in JDBC_PROPERTIES}
+        properties.setdefault("ApplicationName", APPLICATION_NAME)
+        return cls(url=f"jdbc:postgresql://{_url_host(host)}:{port}/{quote(dbname, safe='')}",
+                   user=params.get("user") or "postgres", password=params.get("password"), properties=properties)
 
     def options(self) -> dict[str, str]:
-        """Reader options; the password travels as an option, never inside the URL."""
-        opts = {"url": self.url, "user": self.user, "driver": "org.postgresql.Driver"}
+        """Reader and writer options; the password travels as an option (Spark redacts it in plans
+        and its UI), never inside the URL."""
+        opts = {"url": self.url, "user": self.user, "driver": "org.postgresql.Driver", **self.properties}
         if self.password:
             opts["password"] = self.password
         return opts
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host  # an IPv6 address

@@ -11,6 +11,8 @@ from pathlib import Path
 from coldharbor.errors import ConfigError
 
 PG_DSN_ENV = "COLDHARBOR_PG_DSN"
+# A file holding the DSN (the Airflow operator writes one per run, mode 0600); it wins over PG_DSN_ENV.
+PG_DSN_FILE_ENV = "COLDHARBOR_PG_DSN_FILE"
 LAKE_ROOT_ENV = "COLDHARBOR_LAKE_ROOT"
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
@@ -46,8 +48,19 @@ def require_env(name: str) -> str:
 
 
 def pg_dsn() -> str:
-    """The hot tier's libpq connection string (URL or key=value form)."""
-    return require_env(PG_DSN_ENV)
+    """The hot tier's libpq connection string (URL or key=value form): the content of the file
+    COLDHARBOR_PG_DSN_FILE names when it is set, else COLDHARBOR_PG_DSN. A file keeps the password
+    out of the job's environment and command line; an unreadable or empty one is a ConfigError."""
+    path = os.environ.get(PG_DSN_FILE_ENV)
+    if not path:
+        return require_env(PG_DSN_ENV)
+    try:
+        dsn = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{PG_DSN_FILE_ENV}: cannot read the DSN file {path}: {exc.strerror or exc}") from None
+    if not dsn:
+        raise ConfigError(f"{PG_DSN_FILE_ENV}: the DSN file {path} is empty")
+    return dsn
 
 
 def lake_root(explicit: str | None = None) -> str:

@@ -86,6 +86,11 @@ def get_session(app_name: str):
 
     builder = SparkSession.builder.appName(app_name)
     if "PYSPARK_GATEWAY_PORT" in os.environ:  # launched by spark-submit
+        from pyspark import SparkContext
+
+        # Connect to spark-submit's JVM first: a SparkConf made before that is an empty Python dict,
+        # and every default below would then override what was submitted (spark.ui.enabled, ...).
+        SparkContext._ensure_initialized()
         submitted = SparkConf()
         conf = {k: v for k, v in session_conf().items() if not submitted.contains(k)}
     else:

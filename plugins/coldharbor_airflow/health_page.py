@@ -3,20 +3,34 @@
 Server-rendered HTML (no script), read-only: per table the dirty rows and the freshness lag, the
 last export and its Delta version, file count and average size, the last compaction and cleanup;
 then the recent report runs.
+
+Airflow does not authenticate a plugin's app: every route here depends on `page_auth`, Airflow's
+own token check (the UI's `_token` cookie or a bearer header) and its permission to view plugins.
+What fails is logged here; the page shows a generic sentence, never an error text or a path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import html
+import logging
 import os
 from datetime import datetime
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import HTMLResponse
 
-app = FastAPI(title="Coldharbor", description="Lakehouse health")
+from coldharbor_airflow.page_auth import install_refusal_pages, require_plugin_viewer
+
+log = logging.getLogger(__name__)
+
+# No OpenAPI document or docs pages: the app's only public surface is the page itself.
+app = FastAPI(title="Coldharbor", description="Lakehouse health", docs_url=None, redoc_url=None,
+              openapi_url=None, dependencies=[Depends(require_plugin_viewer)])
+install_refusal_pages(app)
+HOT_TIER_UNREADABLE = "The hot tier cannot be read right now; the API server's log says why."
+RUN_FAILED = "failed: the run's task log has the message"
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1d2733}
 table{border-collapse:collapse;margin:.5rem 0 1.5rem}th,td{border:1px solid #c9d1d9;padding:.3rem .6rem;
@@ -56,9 +70,10 @@ def render(figures: dict[str, Any]) -> str:
             _cell(count), _cell(average / 1024 if average is not None else None),
             f'{_cell(t["last_compaction_at"])} ({_cell(t["last_compaction_state"])})',
             f'{_cell(t["last_cleanup_at"])} ({_cell(t["last_cleanup_state"])})']) + "</tr>")
+    # A run's error is the job's message (PostgreSQL's or Spark's text, paths): the page only says there is one.
     runs = ["<tr>" + "".join(f"<td>{_cell(r[k])}</td>" for k in (
-        "report", "target", "mode", "state", "degraded", "as_of", "row_count", "started_at", "finished_at",
-        "error")) + "</tr>" for r in figures["report_runs"]]
+        "report", "target", "mode", "state", "degraded", "as_of", "row_count", "started_at", "finished_at"))
+        + f"<td>{RUN_FAILED if r['error'] else _cell(None)}</td></tr>" for r in figures["report_runs"]]
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>Lakehouse health</title>
 <style>{_STYLE}</style></head><body><h1>Lakehouse health</h1>
 <h2>Tables</h2><table id="tables"><tr><th>table</th><th>dirty rows</th><th>freshness lag (s)</th>
@@ -69,16 +84,19 @@ def render(figures: dict[str, Any]) -> str:
 </table></body></html>"""
 
 
-@app.get("/health", response_class=HTMLResponse)
-async def health_page() -> HTMLResponse:
+def build_page() -> str:
+    """The page from the hot tier's figures; when they cannot be read (PostgreSQL down, the
+    connection missing), a plain sentence, and the reason in the server's log."""
     from coldharbor_airflow.hooks import ColdharborHook
 
-    def build() -> str:
-        try:
-            return render(ColdharborHook().health())
-        except Exception as exc:  # PostgreSQL down or the connection missing: say so on the page
-            return (f"<!doctype html><html><body><h1>Lakehouse health</h1><p class='bad' id='error'>"
-                    f"Cannot read the hot tier: {html.escape(str(exc).splitlines()[0] if str(exc) else repr(exc))}"
-                    "</p></body></html>")
+    try:
+        return render(ColdharborHook().health())
+    except Exception:
+        log.exception("the health page cannot read the hot tier")
+        return (f"<!doctype html><html><body><h1>Lakehouse health</h1><p class='bad' id='error'>"
+                f"{HOT_TIER_UNREADABLE}</p></body></html>")
 
-    return HTMLResponse(await asyncio.to_thread(build))
+
+@app.get("/health", response_class=HTMLResponse)
+async def health_page() -> HTMLResponse:
+    return HTMLResponse(await asyncio.to_thread(build_page))

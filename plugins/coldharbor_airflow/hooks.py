@@ -23,8 +23,10 @@ class ColdharborHook(BaseHook):
         self.coldharbor_conn_id = coldharbor_conn_id
 
     def dsn(self) -> str:
-        """A libpq key=value string; it carries the password, so it goes to processes through the
-        environment, never onto a command line or into a log."""
+        """A libpq key=value string: the connection's address and credentials, and the libpq
+        settings of its extra that the jobs pass on to psycopg and JDBC alike (sslmode, sslrootcert,
+        options, application_name, connect_timeout). It carries the password, so it reaches a job
+        through a file or a Kubernetes secret, never a command line or a log."""
         from psycopg.conninfo import make_conninfo
 
         try:
@@ -36,20 +38,39 @@ class ColdharborHook(BaseHook):
                 "hot tier") from None
         params: dict[str, Any] = {"host": conn.host or "127.0.0.1", "port": conn.port or 5432,
                                   "dbname": conn.schema or "postgres", "user": conn.login or "postgres",
-                                  "application_name": "coldharbor-airflow"}
+                                  **self._libpq_extras(conn.extra_dejson)}
         if conn.password:
             params["password"] = conn.password
         return make_conninfo(**params)
+
+    def _libpq_extras(self, extra: dict[str, Any]) -> dict[str, str]:
+        """The extra's libpq settings Coldharbor passes on; another libpq keyword is refused, since
+        the JDBC side could not honour it (Airflow's own extras, such as `cursor`, are ignored)."""
+        import psycopg
+
+        from coldharbor_airflow.paths import import_jobs_package
+
+        import_jobs_package()
+        from coldharbor.pg import JDBC_PROPERTIES
+
+        libpq_keywords = {d.keyword.decode() for d in psycopg.pq.Conninfo.get_defaults()}
+        refused = sorted(k for k in extra if k in libpq_keywords and k not in JDBC_PROPERTIES)
+        if refused:
+            raise AirflowException(
+                f"the extra {refused[0]!r} of connection {self.coldharbor_conn_id!r} is not supported: the jobs "
+                f"pass only {', '.join(JDBC_PROPERTIES)} to both psycopg and Spark's JDBC driver")
+        return {k: str(v) for k, v in extra.items() if k in JDBC_PROPERTIES}
 
     def connect(self):
         import psycopg
         from psycopg.conninfo import conninfo_to_dict
 
         dsn = self.dsn()
+        params = conninfo_to_dict(dsn)
         try:
-            return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+            return psycopg.connect(dsn, autocommit=True, connect_timeout=params.get("connect_timeout") or 10,
+                                   application_name=params.get("application_name") or "coldharbor-airflow")
         except psycopg.OperationalError as exc:
-            params = conninfo_to_dict(dsn)
             first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise AirflowException(
                 f"PostgreSQL at {params.get('host')}:{params.get('port')}/{params.get('dbname')} (connection "

@@ -8,19 +8,24 @@ import socket
 import sys
 import tempfile
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseHook, Connection, Variable
 from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 
+from coldharbor_airflow.dsn_delivery import SECRET_EXTRA, DsnDelivery, deliver_dsn, secret_leaks
 from coldharbor_airflow.hooks import DEFAULT_CONN_ID, ColdharborHook
-from coldharbor_airflow.paths import JOBS_DIR
+from coldharbor_airflow.paths import JOBS_DIR, import_jobs_package
 
 LAKE_ROOT_VARIABLE = "coldharbor_lake_root"
 JOBS = ("cdc_export.py", "compact.py", "cleanup.py", "purge.py", "serve_report.py", "resync.py", "verify.py")
+# What prepared_submit sets for one run and puts back afterwards.
+_PREPARED_FIELDS = ("application_args", "packages", "conf", "env_vars", "files", "py_files")
 
 
 class ColdharborSparkJobOperator(SparkSubmitOperator):
@@ -29,8 +34,8 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
     Spark's master, deploy mode and conf come from the `spark_default` connection (the provider's
     hook reads it); the Delta and JDBC jars from the pinned Maven coordinates; the `coldharbor`
     package travels as --py-files. PostgreSQL credentials come from the `coldharbor_pg`
-    connection and reach the job through its environment (COLDHARBOR_PG_DSN), never its command
-    line; Airflow masks the password in the task log.
+    connection and reach the driver through a file of this run or a Kubernetes secret
+    (dsn_delivery), never its command line, a Spark setting or a log line.
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "job_args", "lake_root")
@@ -49,28 +54,7 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
         self.coldharbor_conn_id = coldharbor_conn_id
 
     def execute(self, context: Any) -> Any:
-        sys.path.insert(0, str(JOBS_DIR))  # the jobs package, for its pinned jar coordinates
-        from coldharbor.spark import ivy_dir, maven_packages
-
-        # Everything the submit needs is checked first: a missing piece is one clear message in the
-        # task log, and nothing has started.
-        spark_conn = spark_connection(self._conn_id)
-        dsn = ColdharborHook(self.coldharbor_conn_id).dsn()
-        lake_root = resolve_lake_root(self.lake_root)
-        check_master_reachable(spark_master(spark_conn))
-        self.application_args = [*self.job_args, "--lake-root", lake_root]
-        self.packages = ",".join(maven_packages())
-        self.conf = {"spark.jars.ivy": ivy_dir(), "spark.ui.enabled": "false",
-                     **connection_conf(spark_conn), **(self.conf or {})}
-        bin_dir = str(Path(sys.executable).parent)  # spark-submit of this environment comes first
-        self.env_vars = {**(self.env_vars or {}),
-                          "COLDHARBOR_PG_DSN": dsn,
-                          "PYTHONPATH": os.pathsep.join(filter(None, [str(JOBS_DIR), os.environ.get("PYTHONPATH")])),
-                          "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
-                          "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        with tempfile.TemporaryDirectory(prefix="coldharbor-pyfiles-") as folder:
-            self.py_files = package_zip(Path(folder))
+        with self.prepared_submit():
             try:
                 return super().execute(context)
             except AirflowException as exc:
@@ -83,6 +67,60 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
                     code, "Spark or the job failed")
                 raise AirflowException(f"{self.job} exited with code {code}: {meaning}; the job's own message "
                                        "is in the log lines above") from exc
+
+    @contextmanager
+    def prepared_submit(self) -> Iterator[None]:
+        """Checks everything the submit needs (a missing piece is one clear message, and nothing
+        has started), then sets the job's arguments, conf, environment and files for the run; the
+        run's private folder (the DSN file, the package zip) is removed when the block ends."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        import_jobs_package()
+        spark_conn = spark_connection(self._conn_id)
+        dsn = ColdharborHook(self.coldharbor_conn_id).dsn()
+        lake_root = resolve_lake_root(self.lake_root)
+        master = spark_master(spark_conn)
+        check_master_reachable(master)
+        declared = {name: getattr(self, name) for name in _PREPARED_FIELDS}
+        try:
+            with tempfile.TemporaryDirectory(prefix="coldharbor-run-") as folder:  # mode 0700
+                delivery = deliver_dsn(dsn, master, self._deploy_mode or spark_conn.extra_dejson.get("deploy-mode"),
+                                       Path(folder), spark_conn.extra_dejson.get(SECRET_EXTRA))
+                self._apply(delivery, spark_conn, lake_root, Path(folder))
+                if secret_leaks(conninfo_to_dict(dsn).get("password"), self.conf, self.env_vars,
+                                self.application_args, self.files, self.name):
+                    raise AirflowException("the PostgreSQL password appears in the job's Spark settings, "
+                                           "environment or arguments (set by the DAG or the Spark connection's "
+                                           "extra); nothing was submitted")
+                yield
+        finally:
+            for name, value in declared.items():  # a second run of this operator starts from the DAG's values
+                setattr(self, name, value)
+            self._hook = None
+
+    def _apply(self, delivery: DsnDelivery, spark_conn: Connection, lake_root: str, folder: Path) -> None:
+        from coldharbor.spark import ivy_dir, maven_packages
+
+        bin_dir = str(Path(sys.executable).parent)  # spark-submit of this environment comes first
+        self.application_args = [*self.job_args, "--lake-root", lake_root]
+        self.packages = ",".join(maven_packages())
+        self.conf = {"spark.jars.ivy": ivy_dir(), "spark.ui.enabled": "false",
+                     **connection_conf(spark_conn), **(self.conf or {}), **delivery.conf}
+        self.env_vars = {**(self.env_vars or {}), **delivery.env,
+                         "PYTHONPATH": os.pathsep.join(filter(None, [str(JOBS_DIR), os.environ.get("PYTHONPATH")])),
+                         "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
+                         "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+        self.files = ",".join(filter(None, [self.files, *delivery.files])) or None
+        self.py_files = package_zip(folder)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+    def _get_hook(self) -> SparkSubmitHook:
+        hook = super()._get_hook()
+        if hook._is_kubernetes and hook._connection["deploy_mode"] != "cluster":
+            # Client mode: the driver is spark-submit's own process, but the provider hands the
+            # environment to Kubernetes driverEnv settings only (for a pod client mode never starts).
+            hook._env = dict(self.env_vars or {})
+        return hook
 
 
 # The jobs' exit codes (job_main and each job's --help).

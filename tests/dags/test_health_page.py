@@ -1,87 +1,162 @@
-"""The "Lakehouse health" page in a real headless browser (Debian's Chromium) against a running
-Airflow API server, after a real export of a real table."""
+"""The "Lakehouse health" page behind Airflow's login, against a running Airflow API server: in a
+real headless browser (Debian's Chromium) logged in through Airflow's own login form, and with
+plain HTTP requests carrying no token, a forged or expired one, or a real one."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
+import json
 
+import httpx
 import pytest
 
-from tests.helpers import PROJECT, export
+from tests.dags.airflow_api import api_server as start_api_server
+from tests.dags.airflow_api import login_token, password_of, server_env, signed_token
+from tests.dags.browser import Browser
+from tests.helpers import export
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+PAGE = "/coldharbor/health"
 
 
-@pytest.fixture()
-def api_server(airflow_home, tmp_path, monkeypatch):
-    port = free_port()
-    lake_root = str(tmp_path / "lake")
-    monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", lake_root)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT / "plugins"), str(PROJECT / "jobs")]),
-           "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False"}
-    log = open(tmp_path / "api-server.log", "w")
-    server = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "api-server", "--host", "127.0.0.1",
-                               "--port", str(port), "--workers", "1"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=5)
-            break
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                log.close()
-                raise AssertionError(f"the API server did not come up:\n{(tmp_path / 'api-server.log').read_text()[-3000:]}")
-            time.sleep(1)
-    yield base, lake_root
-    os.killpg(server.pid, signal.SIGTERM)
-    try:
-        server.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-    log.close()
+@pytest.fixture(scope="module")
+def airflow_web(airflow_home, tmp_path_factory):
+    """(base URL, server environment, lake root) of one API server for the module's tests."""
+    lake_root = str(tmp_path_factory.mktemp("lake"))
+    env = server_env(lake_root)
+    with start_api_server(env, tmp_path_factory.mktemp("api") / "api-server.log") as base:
+        yield base, env, lake_root
 
 
-def browse(url: str, tmp_path: Path) -> str:
-    """The page as Chromium renders it (the DOM after load)."""
-    assert CHROMIUM, "Chromium is not installed: `make test` installs Debian's chromium package (needs root)"
-    out = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                          f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom", url],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
+def log_in(browser: Browser, base: str, user: str) -> None:
+    """Airflow's login form, typed into as a person would, starting from the page's own link."""
+    browser.open(f"{base}{PAGE}")
+    browser.evaluate("document.getElementById('login').click()")
+    browser.wait_for("document.querySelector('input[name=username]')")
+    browser.fill("input[name=username]", user)
+    browser.fill("input[name=password]", password_of(user))
+    browser.wait_for("!document.querySelector('button[type=submit]').disabled")
+    browser.evaluate("document.querySelector('button[type=submit]').click()")
+    browser.wait_for(f"location.pathname === '{PAGE}' && document.readyState === 'complete'")
 
 
-def test_the_health_page_shows_an_exported_table(api_server, spark, pg_dsn, pg_conn, table_name, tmp_path):
-    base, lake_root = api_server
+def table_cells(page: str, table: str) -> list[str]:
+    row = next(line for line in page.split("<tr>") if f"public.{table}" in line)
+    return [c.split("</td>")[0] for c in row.split("<td>")[1:]]
+
+
+def test_a_logged_in_browser_sees_an_exported_table(airflow_web, spark, pg_dsn, pg_conn, table_name, tmp_path):
+    base, _, lake_root = airflow_web
     pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
     pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
     pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 'v' FROM generate_series(1, 30) g")
     result = export(spark, pg_dsn, table_name, lake_root)
     pg_conn.execute(f"UPDATE {table_name} SET v = 'w' WHERE id <= 4")  # four dirty rows
 
-    page = browse(f"{base}/coldharbor/health", tmp_path)
-    assert "<h1>Lakehouse health</h1>" in page
-    row = next(line for line in page.split("<tr>") if f"public.{table_name}" in line)
-    cells = [c.split("</td>")[0] for c in row.split("<td>")[1:]]
+    with Browser(tmp_path / "chromium") as browser:
+        log_in(browser, base, "admin")
+        assert "_token" in browser.cookie_names()  # the UI's cookie, not a header, carries the login
+        page = browser.html()
+        # The UI's own link to the page (Browse > Lakehouse health) shows it inside Airflow too.
+        browser.open(f"{base}/plugin/lakehouse-health")
+        browser.wait_for("document.querySelector('iframe')?.contentDocument?.getElementById('tables')")
+        framed = browser.evaluate("document.querySelector('iframe').contentDocument.documentElement.outerHTML")
+
+    assert "<h1>Lakehouse health</h1>" in page and 'id="report-runs"' in page
+    cells = table_cells(page, table_name)
     assert cells[1] == "4"                                   # dirty rows
     assert float(cells[2].split(">")[1].split("<")[0]) >= 0  # freshness lag, seconds
     assert cells[3] == str(result.batch_id) and cells[5] == str(result.lake_version)
     assert int(cells[6]) >= 1                                # files in the Delta table
-    assert 'id="report-runs"' in page
+    assert table_cells(framed, table_name)[1] == "4"
+
+
+def test_an_anonymous_browser_is_refused_and_offered_the_login(airflow_web, pg_conn, table_name, tmp_path):
+    base, _, _ = airflow_web
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    with Browser(tmp_path / "chromium") as browser:
+        browser.open(f"{base}{PAGE}")
+        page = browser.html()
+    assert 'id="refused"' in page and 'id="login"' in page
+    assert 'id="tables"' not in page and table_name not in page
+
+
+def test_requests_without_a_valid_token_are_refused(airflow_web):
+    base, env, _ = airflow_web
+    expired = signed_token(env, "admin", "admin", valid_for_s=-300)
+    forged = signed_token({**env, "AIRFLOW__API_AUTH__JWT_SECRET": "not-the-servers-key-0123456789abcdef"},
+                          "admin", "admin", valid_for_s=3600)
+    refusals = {
+        "no token": httpx.get(f"{base}{PAGE}"),
+        "expired bearer": httpx.get(f"{base}{PAGE}", headers={"Authorization": f"Bearer {expired}"}),
+        "expired cookie": httpx.get(f"{base}{PAGE}", cookies={"_token": expired}),
+        "forged bearer": httpx.get(f"{base}{PAGE}", headers={"Authorization": f"Bearer {forged}"}),
+        "forged cookie": httpx.get(f"{base}{PAGE}", cookies={"_token": forged}),
+        "garbage bearer": httpx.get(f"{base}{PAGE}", headers={"Authorization": "Bearer x.y.z"}),
+    }
+    assert {name: r.status_code for name, r in refusals.items()} == {
+        "no token": 401, "expired bearer": 401, "expired cookie": 401, "forged bearer": 403, "forged cookie": 403,
+        "garbage bearer": 403}
+    assert all('id="tables"' not in r.text for r in refusals.values())
+    assert refusals["no token"].headers["www-authenticate"] == "Bearer"
+
+
+def test_a_token_from_airflows_login_endpoint_opens_the_page(airflow_web):
+    base, _, _ = airflow_web
+    token = login_token(base, "admin")
+    for response in (httpx.get(f"{base}{PAGE}", headers={"Authorization": f"Bearer {token}"}),
+                     httpx.get(f"{base}{PAGE}", cookies={"_token": token})):
+        assert response.status_code == 200 and 'id="tables"' in response.text
+
+
+def test_a_user_without_the_permission_to_view_plugins_is_refused(airflow_web):
+    base, _, _ = airflow_web
+    token = login_token(base, "nobody")  # logs in, but has no role
+    response = httpx.get(f"{base}{PAGE}", headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 403 and 'id="tables"' not in response.text
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/coldharbor/health/"), ("GET", "/coldharbor/./health"), ("GET", "/coldharbor/%68ealth"),
+    ("GET", "/coldharbor/health?x=1"), ("GET", "/coldharbor/"), ("GET", "/coldharbor"), ("GET", "//coldharbor/health"),
+    ("GET", "/coldharbor/docs"), ("GET", "/coldharbor/redoc"), ("GET", "/coldharbor/openapi.json"),
+    ("HEAD", PAGE), ("OPTIONS", PAGE), ("POST", PAGE),
+])
+def test_no_path_or_method_under_the_mount_answers_anonymously(airflow_web, method, path):
+    """Nothing under the plugin's mount gives an anonymous caller the page, its figures or a
+    description of its routes (what answers 200 here is the Airflow UI's own login shell)."""
+    base, _, _ = airflow_web
+    response = httpx.request(method, f"{base}{path}", follow_redirects=True)
+    assert 'id="tables"' not in response.text and 'id="report-runs"' not in response.text
+    assert '"openapi"' not in response.text
+    if response.status_code == 200:
+        assert "<title>Airflow</title>" in response.text  # the UI's shell, which asks for a login itself
+    else:
+        assert response.status_code in (401, 403, 404, 405)
+
+
+def test_the_page_shows_no_error_text_or_path(airflow_home, pg_conn, table_name, monkeypatch, caplog, capsys,
+                                              tmp_path):
+    """An unreachable hot tier, an unreadable lake and a failed report run: the page says so in a
+    plain sentence; the server's log has the details (the PostgreSQL error, the paths)."""
+    from coldharbor_airflow import health_page
+
+    missing_lake = tmp_path / "no-such-lake"
+    monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", str(missing_lake))
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    secret_error = f"could not open file {tmp_path}/x: ERROR: relation \"secret_table\" does not exist"
+    pg_conn.execute("""INSERT INTO coldharbor.report_runs (run_id, report, target, mode, state, degraded, error)
+                       VALUES (gen_random_uuid()::text, 'r', 'adhoc_x', 'strict', 'failed', false, %s)""",
+                    (secret_error,))
+    caplog.set_level("WARNING")
+    page = health_page.build_page()
+    assert health_page.RUN_FAILED in page and "unavailable" in page
+    assert str(tmp_path) not in page and "secret_table" not in page
+    assert str(missing_lake) in caplog.text + capsys.readouterr().out  # Airflow logs through structlog to stdout
+
+    monkeypatch.setenv("AIRFLOW_CONN_COLDHARBOR_PG", json.dumps(
+        {"conn_type": "postgres", "host": "127.0.0.1", "port": 1, "login": "u", "password": "pw", "schema": "db"}))
+    page = health_page.build_page()
+    assert health_page.HOT_TIER_UNREADABLE in page
+    assert "127.0.0.1" not in page and "refused" not in page.lower()
+    assert "127.0.0.1:1/db" in caplog.text + capsys.readouterr().out  # the reason, for the server's log

@@ -88,3 +88,59 @@ def test_extra_packages_join_the_pinned_ones(monkeypatch):
     monkeypatch.setenv(settings.EXTRA_PACKAGES_ENV, "hadoop-aws")
     with pytest.raises(ConfigError, match="'hadoop-aws' is not a Maven coordinate"):
         maven_packages()
+
+
+def test_the_dsn_file_wins_over_the_variable(monkeypatch, tmp_path):
+    dsn_file = tmp_path / "pg.dsn"
+    dsn_file.write_text("postgresql://app:from-file@db/shop\n")
+    monkeypatch.setenv(settings.PG_DSN_ENV, "postgresql://app:from-env@db/shop")
+    monkeypatch.setenv(settings.PG_DSN_FILE_ENV, str(dsn_file))
+    assert settings.pg_dsn() == "postgresql://app:from-file@db/shop"
+    monkeypatch.delenv(settings.PG_DSN_FILE_ENV)
+    assert settings.pg_dsn() == "postgresql://app:from-env@db/shop"
+
+
+@pytest.mark.parametrize("content, message", [(None, "cannot read the DSN file"), ("\n", "is empty")])
+def test_an_unreadable_or_empty_dsn_file_is_a_clear_error(monkeypatch, tmp_path, content, message):
+    dsn_file = tmp_path / "pg.dsn"
+    if content is not None:
+        dsn_file.write_text(content)
+    monkeypatch.setenv(settings.PG_DSN_FILE_ENV, str(dsn_file))
+    with pytest.raises(ConfigError, match=f"COLDHARBOR_PG_DSN_FILE: .*{message}"):
+        settings.pg_dsn()
+
+
+def test_jdbc_target_carries_the_dsns_tls_options_and_name_as_properties():
+    target = JdbcTarget.from_dsn("host=db.internal port=6543 dbname=shop user=app password=s3cret sslmode=verify-full "
+                                 "sslrootcert=/etc/ssl/db-root.crt options='-c search_path=shop' "
+                                 "application_name=nightly connect_timeout=7")
+    assert target.url == "jdbc:postgresql://db.internal:6543/shop"
+    options = target.options()
+    assert {k: options[k] for k in ("sslmode", "sslrootcert", "options", "ApplicationName", "connectTimeout")} == {
+        "sslmode": "verify-full", "sslrootcert": "/etc/ssl/db-root.crt", "options": "-c search_path=shop",
+        "ApplicationName": "nightly", "connectTimeout": "7"}
+    assert options["password"] == "s3cret" and "s3cret" not in target.url
+
+
+def test_jdbc_target_quotes_the_database_and_brackets_an_ipv6_host():
+    assert JdbcTarget.from_dsn("host=::1 dbname='my db?x' user=u").url == "jdbc:postgresql://[::1]:5432/my%20db%3Fx"
+
+
+@pytest.mark.parametrize("dsn, message", [
+    ("host=db user=u sslkey=/k.pem", "parameter 'sslkey' is not supported"),
+    ("host=db user=u service=prod", "parameter 'service' is not supported"),
+    ("host=a,b user=u", "names several hosts"),
+])
+def test_dsn_parameters_the_jdbc_side_cannot_honour_are_refused(dsn, message):
+    with pytest.raises(ConfigError, match=message):
+        JdbcTarget.from_dsn(dsn)
+
+
+@pytest.mark.parametrize("dsn", ["host=db password=two words", "postgresql://app:two words@db/shop",
+                                 "host=db password='unterminated"])
+def test_an_unparsable_dsn_is_refused_without_repeating_the_password(dsn):
+    """libpq's own message quotes the text it stopped at, which may be the password."""
+    for call in (describe, JdbcTarget.from_dsn):
+        with pytest.raises(ConfigError, match="does not parse") as refused:
+            call(dsn)
+        assert "words" not in str(refused.value) and "unterminated" not in str(refused.value)

@@ -1,8 +1,8 @@
 """The "Lakehouse health" page: a FastAPI app the Airflow API server mounts under /coldharbor.
 
 Server-rendered HTML (no script), read-only: per table the dirty rows and the freshness lag, the
-last export and its Delta version, file count and average size, the last compaction and cleanup;
-then the recent report runs.
+last export and its Delta version, file count and average size, the last compaction and cleanup,
+the initial load's state and the last verify's verdict; then the recent report runs.
 
 Airflow does not authenticate a plugin's app: every route here depends on `page_auth`, Airflow's
 own token check (the UI's `_token` cookie or a bearer header) and its permission to view plugins.
@@ -54,6 +54,25 @@ def _lake_path(row: dict[str, Any]) -> str | None:
     return f"{root.rstrip('/')}/{row['name'].replace('.', '/')}" if root else None
 
 
+def _load_cell(row: dict[str, Any]) -> str:
+    """Pending (reports serve the table from PostgreSQL alone), or what the load read and when."""
+    if row.get("load_state") == "pending":
+        return '<span class="bad">pending: served from PostgreSQL until the next export loads it</span>'
+    if row.get("loaded_at") is None:
+        return "not needed (registered empty)"
+    return f'{_cell(row["base_rows"])} rows as of {_cell(row["loaded_at"])}'
+
+
+def _verify_cell(row: dict[str, Any]) -> str:
+    """The last verify's verdict; its message (key samples, paths) stays in the task log."""
+    if row.get("last_verify_at") is None:
+        return _cell(None)
+    if row.get("last_verify_result") == "in sync":
+        return f'in sync at {_cell(row["last_verify_at"])}'
+    verdict = "differences found" if row.get("last_verify_result") else "did not finish"
+    return f'<span class="bad">{verdict} at {_cell(row["last_verify_at"])}: the task log names the keys</span>'
+
+
 def render(figures: dict[str, Any]) -> str:
     from coldharbor_airflow.lake_files import file_figures
 
@@ -69,7 +88,8 @@ def render(figures: dict[str, Any]) -> str:
             _cell(t["last_batch"]), _cell(t["last_export_at"]), _cell(t["last_export_version"]),
             _cell(count), _cell(average / 1024 if average is not None else None),
             f'{_cell(t["last_compaction_at"])} ({_cell(t["last_compaction_state"])})',
-            f'{_cell(t["last_cleanup_at"])} ({_cell(t["last_cleanup_state"])})']) + "</tr>")
+            f'{_cell(t["last_cleanup_at"])} ({_cell(t["last_cleanup_state"])})',
+            _load_cell(t), _verify_cell(t)]) + "</tr>")
     # A run's error is the job's message (PostgreSQL's or Spark's text, paths): the page only says there is one.
     runs = ["<tr>" + "".join(f"<td>{_cell(r[k])}</td>" for k in (
         "report", "target", "mode", "state", "degraded", "as_of", "row_count", "started_at", "finished_at"))
@@ -78,7 +98,7 @@ def render(figures: dict[str, Any]) -> str:
 <style>{_STYLE}</style></head><body><h1>Lakehouse health</h1>
 <h2>Tables</h2><table id="tables"><tr><th>table</th><th>dirty rows</th><th>freshness lag (s)</th>
 <th>last export batch</th><th>last export at</th><th>Delta version</th><th>files</th><th>avg file (KiB)</th>
-<th>last compaction</th><th>last cleanup</th></tr>{''.join(rows)}</table>
+<th>last compaction</th><th>last cleanup</th><th>initial load</th><th>last verify</th></tr>{''.join(rows)}</table>
 <h2>Recent report runs</h2><table id="report-runs"><tr><th>report</th><th>target</th><th>mode</th><th>state</th>
 <th>degraded</th><th>as of</th><th>rows</th><th>started</th><th>finished</th><th>error</th></tr>{''.join(runs)}
 </table></body></html>"""

@@ -129,7 +129,10 @@ class ColdharborHook(BaseHook):
                        e.row_count AS last_export_rows,
                        c.finished_at AS last_compaction_at, c.state AS last_compaction_state,
                        c.detail AS last_compaction_detail,
-                       k.finished_at AS last_cleanup_at, k.state AS last_cleanup_state
+                       k.finished_at AS last_cleanup_at, k.state AS last_cleanup_state,
+                       t.load_state, t.loaded_at, t.base_rows, t.base_at,
+                       v.finished_at AS last_verify_at, v.state AS last_verify_state,
+                       v.detail ->> 'result' AS last_verify_result
                   FROM coldharbor.tables t
                   LEFT JOIN LATERAL (SELECT count(*) AS dirty_rows, min(created_at) AS oldest_dirty
                                        FROM coldharbor.change_log
@@ -144,6 +147,9 @@ class ColdharborHook(BaseHook):
                   LEFT JOIN LATERAL (SELECT finished_at, state FROM coldharbor.maintenance_runs
                                       WHERE table_id = t.table_id AND kind = 'cleanup'
                                       ORDER BY started_at DESC LIMIT 1) k ON true
+                  LEFT JOIN LATERAL (SELECT finished_at, state, detail FROM coldharbor.maintenance_runs
+                                      WHERE table_id = t.table_id AND kind = 'verify'
+                                      ORDER BY started_at DESC LIMIT 1) v ON true
                  ORDER BY t.table_id""")
             names = [d.name for d in cur.description]
             tables = [dict(zip(names, row)) for row in cur.fetchall()]

@@ -160,3 +160,35 @@ def test_the_page_shows_no_error_text_or_path(airflow_home, pg_conn, table_name,
     assert health_page.HOT_TIER_UNREADABLE in page
     assert "127.0.0.1" not in page and "refused" not in page.lower()
     assert "127.0.0.1:1/db" in caplog.text + capsys.readouterr().out  # the reason, for the server's log
+
+
+def test_the_page_shows_each_tables_initial_load_and_last_verify(airflow_home, spark, pg_dsn, pg_conn, table_name,
+                                                                 tmp_path, monkeypatch):
+    """A table whose load is pending, one loaded and verified in sync, one whose lake was edited by
+    hand and verified out of sync (the sample keys stay in the task log, not on the page)."""
+    from delta.tables import DeltaTable
+
+    from coldharbor import verify
+    from coldharbor_airflow import health_page
+
+    lake_root = str(tmp_path / "lake")
+    monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", lake_root)
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    pending, in_sync, drifted = (f"{table_name}_{s}" for s in ("p", "s", "d"))
+    for name in (pending, in_sync, drifted):
+        pg_conn.execute(f"CREATE TABLE {name} (id bigint PRIMARY KEY, v text)")
+        pg_conn.execute(f"INSERT INTO {name} SELECT g, 'v' FROM generate_series(1, 40) g")
+        pg_conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+    for name in (in_sync, drifted):
+        export(spark, pg_dsn, name, lake_root)
+    DeltaTable.forPath(spark, f"{lake_root}/public/{drifted}").delete("id = 31")
+    assert verify.main(["--table", in_sync, "--lake-root", lake_root]) == 0
+    assert verify.main(["--table", drifted, "--lake-root", lake_root]) == 1
+
+    page = health_page.build_page()
+    assert table_cells(page, pending)[-2].startswith('<span class="bad">pending: served from PostgreSQL')
+    assert table_cells(page, pending)[-1] == "—"
+    assert table_cells(page, in_sync)[-2].startswith("40 rows as of ")
+    assert table_cells(page, in_sync)[-1].startswith("in sync at ")
+    assert "differences found at " in table_cells(page, drifted)[-1]
+    assert "id=31" not in page and lake_root not in page

@@ -6,14 +6,15 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench import entities, maintenance, orchestration, read_path, write_path
+from bench import entities, maintenance, orchestration, read_path, report_refusal, write_path
 from bench.common import render
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main() -> int:
-    rows = write_path.run() + entities.run() + read_path.run() + maintenance.run() + orchestration.cycle()
+    rows = (write_path.run() + entities.run() + read_path.run() + maintenance.run() + orchestration.cycle()
+            + report_refusal.run())
     table = render(rows)
     print(table)
     RESULTS.mkdir(exist_ok=True)

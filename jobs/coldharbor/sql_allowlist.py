@@ -14,10 +14,10 @@ How the lists were built
   (rand, uuid, shuffle, ...), keys and secrets (aes_*, try_aes_decrypt, secret), raising errors,
   parsers of foreign formats (xpath, from_xml, from_csv, from_avro, parse_url, ...), order-
   dependent aggregates (first, last, any_value, collect_list, collect_set, mode, listagg,
-  percentile_approx), row generators that make data out of nothing (range, sequence, stack) and
-  every table-valued function. One list for both shapes a call takes in the parsed tree: a call
-  kept as written (exp.Anonymous) is checked by its name; one sqlglot models as a class (CAST,
-  EXTRACT, DATEDIFF, CURRENT_USER, ...) by the name the generated Spark SQL calls.
+  percentile_approx), generators that make data out of nothing (range, sequence, stack,
+  array_repeat) and every table-valued function. One list for both shapes a call takes in the
+  parsed tree: a call kept as written (exp.Anonymous) is checked by its name; one sqlglot models
+  as a class (CAST, EXTRACT, DATEDIFF, CURRENT_USER, ...) by the name the generated SQL calls.
 * Nodes: the sqlglot (Spark dialect) expression classes of one SELECT: WITH, joins, subqueries,
   set operations, window functions, VALUES, CASE, casts, literals, operators and lambdas. Each
   class lists the arguments it may carry; a clause sqlglot hangs on an allowed class (a hint,
@@ -175,7 +175,7 @@ ALLOWED_FUNCTIONS = frozenset({
     "from_utc_timestamp", "to_utc_timestamp",
     # arrays, maps, structs and the higher-order functions over them (their lambdas are checked too)
     "array", "array_contains", "array_distinct", "array_except", "array_intersect", "array_union",
-    "array_join", "array_max", "array_min", "array_position", "array_remove", "array_repeat",
+    "array_join", "array_max", "array_min", "array_position", "array_remove",
     "array_sort", "sort_array", "array_size", "arrays_overlap", "arrays_zip", "array_append",
     "array_prepend", "array_compact", "cardinality", "size", "element_at", "try_element_at", "get",
     "slice", "flatten", "map", "map_keys", "map_values", "map_entries", "map_from_arrays",

@@ -57,7 +57,7 @@ def spark_sql(node: exp.Expression) -> str | None:
     """The node as the Spark SQL the job would run; None if sqlglot cannot write it."""
     try:
         return node.sql(dialect=DIALECT, comments=False)
-    except (SqlglotError, ValueError):
+    except (SqlglotError, ValueError, RecursionError):
         return None
 
 

@@ -33,6 +33,7 @@ logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
 VIEW_PREFIX = "_ch_view_"
 RESERVED_PREFIX = "_ch_"  # the views' and the lake's own names: no CTE may take one
+_TOO_DEEP = "the report's SQL is nested too deeply to be checked: simplify it"
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,24 @@ def check_query(text: str, registered: Iterable[RegisteredTable]) -> CheckedQuer
 
 def parse_query(text: str) -> ParsedQuery:
     """The report's one SELECT, checked against the allow-list; ReportError naming what is not."""
-    tree = _parse_one(text)
-    check_tree(tree)
-    _check_cte_names(tree)
+    try:
+        tree = _parse_one(text)
+        check_tree(tree)
+        _check_cte_names(tree)
+    except RecursionError:
+        raise ReportError(_TOO_DEEP) from None
     return ParsedQuery(tree, frozenset(p.name for p in tree.find_all(exp.Placeholder)))
 
 
 def resolve(parsed: ParsedQuery, registered: Iterable[RegisteredTable]) -> CheckedQuery:
     """Table references resolved against the registry and rewritten to the views; the SQL Spark runs."""
+    try:
+        return _resolve(parsed, registered)
+    except RecursionError:
+        raise ReportError(_TOO_DEEP) from None
+
+
+def _resolve(parsed: ParsedQuery, registered: Iterable[RegisteredTable]) -> CheckedQuery:
     tree = parsed.tree.copy()
     by_name = _names(registered)
     for cte in tree.find_all(exp.CTE):
@@ -106,7 +117,7 @@ def _parse_one(text: str) -> exp.Query:
         statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
     except (ParseError, TokenError) as exc:
         raise ReportError(f"the report's SQL does not parse: {_first_line(exc)}") from exc
-    except (SqlglotError, RecursionError) as exc:
+    except SqlglotError as exc:
         raise ReportError(f"the report's SQL cannot be checked: {_first_line(exc)}") from exc
     if len(statements) != 1:
         raise ReportError(f"a report is exactly one SELECT; this SQL holds {len(statements)} statements")

@@ -8,7 +8,9 @@ import sqlglot
 from sqlglot import exp
 
 from coldharbor.errors import ReportError
-from coldharbor.report_spec import parse_report
+from coldharbor.registry import RegisteredTable
+from coldharbor.report_spec import load_reports, parse_report
+from coldharbor.settings import PROJECT_DIR
 from coldharbor.sql_check import DIALECT
 from coldharbor.sql_guard import check_query, parse_query, table_references
 from tests.report_corpus import REGISTERED, fill, hostile, legitimate
@@ -70,3 +72,12 @@ def test_ctes_resolve_by_scope():
     assert "FROM `a`" in checked.sql and "FROM `b`" in checked.sql and [t.table_id for t in checked.tables] == [1]
     with pytest.raises(ReportError, match="table a is not a registered table"):
         check_query("SELECT * FROM (WITH a AS (SELECT * FROM sb_orders) SELECT * FROM a) s JOIN a ON true", REGISTERED)
+
+
+def test_the_shipped_reports_pass_the_allow_list():
+    registered = [RegisteredTable(1, "public", "demo_orders", ("order_id",), None, (), ()),
+                  RegisteredTable(2, "entities", "demo_customer", ("row_id",), None, (), (), None, "entity")]
+    reports = load_reports(PROJECT_DIR / "sql" / "reports")
+    assert len(reports) == 3
+    for spec in reports.values():
+        assert check_query(spec.sql, registered).parameters == {p.name for p in spec.params}

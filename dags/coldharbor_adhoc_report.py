@@ -2,8 +2,9 @@
 
 Give a report defined in sql/reports/ or one SELECT over registered tables, a target table named
 adhoc_*, a mode and optionally a time to answer as of. The form's JSON schema refuses malformed
-values before a run is created; the job refuses SQL that is not one read-only SELECT (and a
-report and SQL given together) with one clear line in the task log.
+values before a run is created; the job refuses SQL that is not one SELECT on the report sandbox's
+allow-list (and a report and SQL given together) with one clear line in the task log, before its
+Spark session starts.
 """
 
 from __future__ import annotations

@@ -54,10 +54,23 @@ _FINISH = """UPDATE coldharbor.report_runs
                     error = %(error)s, finished_at = clock_timestamp()
               WHERE run_id = %(run_id)s"""
 
+# A run refused before it started (a report the allow-list refuses) is recorded in one statement,
+# already failed: it is never seen running.
+_FAIL = """INSERT INTO coldharbor.report_runs (run_id, report, target, sink, mode, as_of, state, error, finished_at)
+           VALUES (%(run_id)s, %(report)s, %(target)s, %(sink)s, %(mode)s, %(as_of)s, 'failed', %(error)s,
+                   clock_timestamp())
+           ON CONFLICT (run_id) DO UPDATE
+           SET state = 'failed', target = EXCLUDED.target, sink = EXCLUDED.sink, as_of = EXCLUDED.as_of,
+               degraded = %(degraded)s, missing_tier = %(missing_tier)s, stale_since = %(stale_since)s,
+               detail = %(detail)s, pg_snapshot_at = %(pg_snapshot_at)s,
+               lake_versions = %(lake_versions)s::jsonb, dirty_rows = %(dirty_rows)s::jsonb,
+               row_count = %(row_count)s, error = EXCLUDED.error, finished_at = clock_timestamp()"""
+
 
 def succeed(conn: psycopg.Connection, run: RunRecord) -> None:
     conn.execute(_FINISH, {**_figures(run), "state": "succeeded", "error": None})
 
 
 def fail(conn: psycopg.Connection, run: RunRecord, error: str) -> None:
-    conn.execute(_FINISH, {**_figures(run), "state": "failed", "error": error[:2000]})
+    """Records the run as failed, whether or not it was started."""
+    conn.execute(_FAIL, {**_figures(run), "report": run.report, "mode": run.mode, "error": error[:2000]})

@@ -1,7 +1,7 @@
 """serve_report: run a report over the unified view of every table it reads (invariant 6).
 
-  1. validate the report (one read-only SELECT over registered tables, typed parameters, an
-     allowed target) and record the run;
+  1. validate the report before a JVM starts (one SELECT on the allow-list over registered
+     tables, typed parameters, an allowed target) and record the run;
   2. pin every referenced table's lake version V;
   3. in one PostgreSQL snapshot, collect each table's dirty keys and their hot images;
   4. view = (last write per key of lake@V, markers dropped) minus dirty keys, plus hot images;
@@ -19,7 +19,7 @@ import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor import hot_snapshot, lake, registry, registry_cache, settings, sinks, sql_guard
+from coldharbor import hot_snapshot, lake, registry_cache, settings, sinks, sql_guard
 from coldharbor.errors import ColdharborError, LakeUnavailableError, ReportError
 from coldharbor.hot_snapshot import HotSnapshot, HotTable
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT
@@ -47,12 +47,22 @@ class ServeConfig:
     history_window: timedelta
 
 
-def check_parameters(checked: sql_guard.CheckedQuery, report: ReportSpec) -> None:
+def check_parameters(parameters: frozenset[str], report: ReportSpec) -> None:
     declared = {p.name for p in report.params}
-    undeclared = sorted(checked.parameters - declared)
+    undeclared = sorted(parameters - declared)
     if undeclared:
         raise ReportError(f"report {report.name} uses :{', :'.join(undeclared)} but declares no such parameter "
                           "(declare it in the header: -- param: name type [= default])")
+
+
+def validate_report(report: ReportSpec, registered: Sequence[RegisteredTable] | None
+                    ) -> sql_guard.CheckedQuery | sql_guard.ParsedQuery:
+    """Step 1, with no JVM: the report's SQL on the allow-list with declared parameters, resolved
+    against the registry when it is at hand (PostgreSQL); without it (best effort, PostgreSQL
+    unreachable) the allow-listed query, whose tables are resolved once the lake's copy is read."""
+    parsed = sql_guard.parse_query(report.sql)
+    check_parameters(parsed.parameters, report)
+    return parsed if registered is None else sql_guard.resolve(parsed, registered)
 
 
 def pin_versions(spark: SparkSession, tables: Sequence[RegisteredTable], lake_root: str) -> dict[int, int | None]:
@@ -176,10 +186,9 @@ def write_result(result: DataFrame, config: ServeConfig, conn: psycopg.Connectio
 
 
 def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, config: ServeConfig,
-          record: RunRecord) -> int:
-    """The whole read with both tiers reachable (or the lake missing in best-effort mode)."""
-    checked = sql_guard.check_query(config.report.sql, registry.load(conn))
-    check_parameters(checked, config.report)
+          record: RunRecord, checked: sql_guard.CheckedQuery) -> int:
+    """The whole read of a validated report with both tiers reachable (or the lake missing in
+    best-effort mode)."""
     hot_only = False
     try:
         pinned = pin_versions(spark, checked.tables, config.lake_root)
@@ -214,10 +223,9 @@ def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, confi
 
 
 def serve_lake_only(spark: SparkSession, tables: Sequence[RegisteredTable], columns: Mapping[int, Sequence],
-                    config: ServeConfig, record: RunRecord) -> int:
+                    config: ServeConfig, record: RunRecord, parsed: sql_guard.ParsedQuery) -> int:
     """Best effort without PostgreSQL: the lake at its latest versions, from the registry snapshot."""
-    checked = sql_guard.check_query(config.report.sql, tables)
-    check_parameters(checked, config.report)
+    checked = sql_guard.resolve(parsed, tables)
     pinned = pin_versions(spark, checked.tables, config.lake_root)
     last_commit = None
     for table in checked.tables:

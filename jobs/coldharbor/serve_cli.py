@@ -8,10 +8,11 @@ from datetime import datetime, timezone
 
 import psycopg
 
-from coldharbor import pg, registry_cache, report_runs, report_spec, settings
+from coldharbor import pg, registry, registry_cache, report_runs, report_spec, settings
 from coldharbor.errors import ColdharborError, PostgresUnavailableError, ReportError
 from coldharbor.report_runs import RunRecord
-from coldharbor.serve import MODES, ServeConfig, default_run_id, history_window, serve, serve_lake_only
+from coldharbor.serve import (MODES, ServeConfig, default_run_id, history_window, serve, serve_lake_only,
+                              validate_report)
 
 log = logging.getLogger("coldharbor.serve_report")
 
@@ -113,21 +114,23 @@ def main(argv: list[str]) -> int:
         except PostgresUnavailableError:
             if args.mode == "strict":
                 raise
-        if conn is not None:
-            report_runs.start(conn, record)  # from here on, a failure is recorded too
         config = build_config(args, record.run_id)
         record.target, record.sink, record.as_of = config.target, config.sink, config.as_of
+        # Refused here, the run is recorded as failed in one statement and no JVM starts.
+        checked = validate_report(config.report, registry.load(conn) if conn is not None else None)
+        if conn is not None:
+            report_runs.start(conn, record)  # from here on, a failure is recorded too
         from coldharbor.spark import get_session
 
         if conn is not None:
             spark = get_session("coldharbor-serve-report")
-            record.row_count = serve(spark, conn, jdbc, config, record)
+            record.row_count = serve(spark, conn, jdbc, config, record, checked)
             report_runs.succeed(conn, record)
         else:
             log.warning("best effort: PostgreSQL at %s is unreachable; reading the lake alone", pg.describe(dsn))
             spark = get_session("coldharbor-serve-report")
             tables, columns = registry_cache.load(spark, config.lake_root)
-            record.row_count = serve_lake_only(spark, tables, columns, config, record)
+            record.row_count = serve_lake_only(spark, tables, columns, config, record, checked)
     except ColdharborError as exc:
         _record_failure(conn, record, str(exc))
         log.error("serve_report failed (run %s): %s", record.run_id, exc)

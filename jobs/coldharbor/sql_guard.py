@@ -1,92 +1,95 @@
-"""Validates a report's SQL with a real parser (sqlglot, Spark dialect) before anything runs.
+"""Validates a report's SQL by allow-list (invariant 13) before anything runs, and writes the SQL
+Spark runs.
 
-Accepted: exactly one read-only query (SELECT, set operations, CTEs) whose table references are
-registered tables (by `name` or `schema.name`) or its own CTEs, and whose functions are not on
-the deny list. The query is then rewritten so each registered table reads its unified view.
+A report is exactly one SELECT (WITH, joins, subqueries, set operations, window functions,
+VALUES) over registered tables (by `name` or `schema.name`) and its own CTEs. Every node and
+every function must be on coldharbor.sql_allowlist; the first one that is not is refused, named.
+Spark never sees the text as written: it runs the SQL generated from the checked tree, with each
+registered table replaced by its unified view, every identifier quoted and no comments, and that
+SQL must parse back to a tree that passes the same checks and generates the same text. So a
+place where sqlglot and Spark would read the original text differently cannot smuggle anything.
+
+    parse_query(text)                  parse + allow-list; needs no registry (and no JVM)
+    resolve(parsed, registered)        tables against the registry, rewrite, regenerate, re-check
+    check_query(text, registered)      both
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.errors import ParseError, TokenError
+from sqlglot.errors import ParseError, SqlglotError, TokenError
 
 from coldharbor.errors import ReportError
 from coldharbor.registry import RegisteredTable
+from coldharbor.sql_check import ASCII_NAME, DIALECT, check_tree, snippet
 
 # sqlglot warns on stdout-bound logs when it falls back to a Command; the check reports it itself.
 logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
-# Functions that reach outside the query: JVM reflection, files, the session, the network.
-DENIED_FUNCTIONS = frozenset({
-    "reflect", "java_method", "try_reflect", "input_file_name", "input_file_block_start",
-    "input_file_block_length", "read_files", "current_user", "session_user", "user",
-    "url_decode", "url_encode", "parse_url", "from_avro", "from_protobuf", "schema_of_avro",
-})
-# Nodes that write, define or change anything, wherever they appear in the tree.
-_FORBIDDEN_NODES = (exp.DML, exp.DDL, exp.Command, exp.Set, exp.Use, exp.Transaction, exp.Commit,
-                    exp.Rollback, exp.Cache, exp.Uncache, exp.Refresh, exp.Pragma, exp.Into, exp.LoadData)
+VIEW_PREFIX = "_ch_view_"
+RESERVED_PREFIX = "_ch_"  # the views' and the lake's own names: no CTE may take one
+_TOO_DEEP = "the report's SQL is nested too deeply to be checked: simplify it"
+
+
+@dataclass(frozen=True)
+class ParsedQuery:
+    """One SELECT that passed the allow-list; its table references are not resolved yet."""
+
+    tree: exp.Query
+    parameters: frozenset[str]                 # the :name markers it uses
 
 
 @dataclass(frozen=True)
 class CheckedQuery:
-    sql: str                                   # rewritten: registered tables read their views
+    sql: str                                   # what Spark runs: registered tables read their views
     tables: tuple[RegisteredTable, ...]        # registered tables it reads, in first-use order
     parameters: frozenset[str]                 # the :name markers it uses
 
 
 def view_name(table: RegisteredTable) -> str:
-    return f"_ch_view_{table.table_id}"
+    return f"{VIEW_PREFIX}{table.table_id}"
 
 
 def check_query(text: str, registered: Iterable[RegisteredTable]) -> CheckedQuery:
     """The validated, rewritten query, or ReportError saying what is wrong with it."""
-    if not text or not text.strip():
-        raise ReportError("the report has no SQL")
+    return resolve(parse_query(text), registered)
+
+
+def parse_query(text: str) -> ParsedQuery:
+    """The report's one SELECT, checked against the allow-list; ReportError naming what is not."""
     try:
-        statements = [s for s in sqlglot.parse(text, read="spark") if s is not None]
-    except (ParseError, TokenError) as exc:
-        raise ReportError(f"the report's SQL does not parse: {_first_line(exc)}") from exc
-    if len(statements) != 1:
-        raise ReportError(f"a report is exactly one SELECT; this SQL holds {len(statements)} statements")
-    [tree] = statements
-    if not isinstance(tree, exp.Query):
-        raise ReportError(f"a report is a read-only SELECT; this SQL is a {tree.key.upper()} statement")
-    for node in tree.walk():
-        if isinstance(node, _FORBIDDEN_NODES):
-            raise ReportError(f"a report is read-only; it may not contain {node.key.upper()}")
-        if isinstance(node, exp.Func):
-            name = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
-            if name in DENIED_FUNCTIONS:
-                raise ReportError(f"function {name} is not allowed in a report")
-        if isinstance(node, exp.Hint):
-            raise ReportError("query hints are not allowed in a report")
-    return _resolve_tables(tree, registered)
+        tree = _parse_one(text)
+        check_tree(tree)
+        _check_cte_names(tree)
+    except RecursionError:
+        raise ReportError(_TOO_DEEP) from None
+    return ParsedQuery(tree, frozenset(p.name for p in tree.find_all(exp.Placeholder)))
 
 
-def _resolve_tables(tree: exp.Query, registered: Iterable[RegisteredTable]) -> CheckedQuery:
+def resolve(parsed: ParsedQuery, registered: Iterable[RegisteredTable]) -> CheckedQuery:
+    """Table references resolved against the registry and rewritten to the views; the SQL Spark runs."""
+    try:
+        return _resolve(parsed, registered)
+    except RecursionError:
+        raise ReportError(_TOO_DEEP) from None
+
+
+def _resolve(parsed: ParsedQuery, registered: Iterable[RegisteredTable]) -> CheckedQuery:
+    tree = parsed.tree.copy()
     by_name = _names(registered)
-    cte_names = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    for cte in tree.find_all(exp.CTE):
+        if cte.alias_or_name.lower() in by_name:
+            raise ReportError(f"CTE {cte.alias_or_name} has the name of a registered table: rename it")
     used: dict[int, RegisteredTable] = {}
-    for table in list(tree.find_all(exp.Table)):
-        if not isinstance(table.this, exp.Identifier):
-            raise ReportError(f"a report reads registered tables only, not {table.sql(dialect='spark')}")
-        parts = [p.lower() for p in (table.catalog, table.db, table.name) if p]
-        key = ".".join(parts)
-        if len(parts) == 1 and key in cte_names:
-            continue
-        match = by_name.get(key)
-        if match is None:
-            raise ReportError(f"table {key} is not a registered table "
-                              f"(registered: {', '.join(sorted(n for n in by_name if '.' in n)) or 'none'})")
-        if isinstance(match, str):
-            raise ReportError(match)
+    for table in table_references(tree):
+        match = _lookup(table, by_name)
         used.setdefault(match.table_id, match)
-        # In place, so that what hangs off the reference (sample, pivot, alias columns) stays.
+        # In place, so that what hangs off the reference (its alias, alias columns) stays.
         if not table.alias:
             table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name)))
         table.set("this", exp.to_identifier(view_name(match)))
@@ -94,8 +97,113 @@ def _resolve_tables(tree: exp.Query, registered: Iterable[RegisteredTable]) -> C
         table.set("catalog", None)
     if not used:
         raise ReportError("the report reads no registered table")
-    parameters = frozenset(p.name for p in tree.find_all(exp.Placeholder) if p.name)
-    return CheckedQuery(tree.sql(dialect="spark"), tuple(used.values()), parameters)
+    return CheckedQuery(_regenerate(tree, {view_name(t) for t in used.values()}), tuple(used.values()),
+                        parsed.parameters)
+
+
+def table_references(tree: exp.Expression) -> Iterator[exp.Table]:
+    """Every table reference that is not a CTE in scope where it stands (Spark's scoping: a CTE is
+    seen by the query it belongs to and by the CTEs after it in the same WITH)."""
+    for table in list(tree.find_all(exp.Table)):
+        if not (table.db or table.catalog) and _cte_in_scope(table):
+            continue
+        yield table
+
+
+def _parse_one(text: str) -> exp.Query:
+    if not text or not text.strip():
+        raise ReportError("the report has no SQL")
+    try:
+        statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
+    except (ParseError, TokenError) as exc:
+        raise ReportError(f"the report's SQL does not parse: {_first_line(exc)}") from exc
+    except SqlglotError as exc:
+        raise ReportError(f"the report's SQL cannot be checked: {_first_line(exc)}") from exc
+    if len(statements) != 1:
+        raise ReportError(f"a report is exactly one SELECT; this SQL holds {len(statements)} statements")
+    [tree] = statements
+    if not isinstance(tree, exp.Query):
+        raise ReportError(f"a report is a read-only SELECT; this SQL is a {_statement_kind(tree)} statement")
+    return tree
+
+
+def _statement_kind(tree: exp.Expression) -> str:
+    if isinstance(tree, exp.Command):  # a statement sqlglot does not model: name its leading keywords
+        words = str(tree.this).split()
+        rest = tree.expression.name.split() if isinstance(tree.expression, exp.Literal) else []
+        if len(words) == 1 and rest and rest[0].isalpha():
+            words.append(rest[0])
+        return " ".join(words).upper()
+    if isinstance(tree, (exp.Alias, exp.Condition)):  # a keyword sqlglot read as a name (CLEAR CACHE, LIST FILE)
+        words = [w for w in tree.sql(dialect=DIALECT).split()[:3] if w.isalpha() and w.upper() != "AS"]
+        return " ".join(words[:2]).upper() or tree.key.upper()
+    return tree.key.upper()
+
+
+def _check_cte_names(tree: exp.Expression) -> None:
+    seen: set[str] = set()
+    for cte in tree.find_all(exp.CTE):
+        name = cte.alias_or_name
+        if not ASCII_NAME.match(name):
+            raise ReportError(f"CTE name {name!r} is not allowed: use letters, digits and _")
+        if name.lower().startswith(RESERVED_PREFIX):
+            raise ReportError(f"CTE name {name} is not allowed: the prefix {RESERVED_PREFIX} is reserved")
+        if name.lower() in seen:
+            raise ReportError(f"CTE name {name} is defined twice: give each CTE its own name")
+        seen.add(name.lower())
+
+
+def _cte_in_scope(table: exp.Table) -> bool:
+    name = table.name.lower()
+    child, node = table, table.parent
+    while node is not None:
+        if isinstance(node, exp.With) and isinstance(child, exp.CTE):
+            earlier = node.expressions[: node.expressions.index(child)]
+            if name in {c.alias_or_name.lower() for c in earlier}:
+                return True
+        elif isinstance(node.args.get("with_"), exp.With) and child is not node.args["with_"]:
+            if name in {c.alias_or_name.lower() for c in node.args["with_"].expressions}:
+                return True
+        child, node = node, node.parent
+    return False
+
+
+def _lookup(table: exp.Table, by_name: Mapping[str, RegisteredTable | str]) -> RegisteredTable:
+    parts = [p.lower() for p in (table.catalog, table.db, table.name) if p]
+    key = ".".join(parts)
+    match = by_name.get(key)
+    if match is None:
+        raise ReportError(f"table {key} is not a registered table "
+                          f"(registered: {', '.join(sorted(n for n in by_name if '.' in n)) or 'none'})")
+    if isinstance(match, str):
+        raise ReportError(match)
+    return match
+
+
+def _regenerate(tree: exp.Query, views: set[str]) -> str:
+    """The SQL Spark runs, generated from the checked tree; it must parse back to a tree that
+    passes the same checks, reads only these views, and generates the same text."""
+    try:
+        sql = tree.sql(dialect=DIALECT, identify=True, comments=False)
+    except (SqlglotError, ValueError) as exc:
+        raise ReportError(f"the report's SQL cannot be written back for Spark: {_first_line(exc)}") from exc
+    again = _parse_one(sql)
+    check_tree(again)
+    _check_cte_names(again)
+    for table in table_references(again):
+        if table.db or table.catalog or table.name not in views:
+            raise ReportError(f"the report's SQL does not survive its own rewrite: {snippet(table)}")
+    if spark_sql_of(again) != sql:
+        raise ReportError("the report's SQL does not read back the same after its rewrite "
+                          "(a construct the checker cannot pass to Spark unchanged); simplify it")
+    return sql
+
+
+def spark_sql_of(tree: exp.Expression) -> str | None:
+    try:
+        return tree.sql(dialect=DIALECT, identify=True, comments=False)
+    except (SqlglotError, ValueError):
+        return None
 
 
 def _names(registered: Iterable[RegisteredTable]) -> Mapping[str, RegisteredTable | str]:

@@ -10,6 +10,7 @@ from sqlglot import exp
 
 from coldharbor.errors import ReportError
 from coldharbor.registry import RegisteredTable
+from coldharbor.sql_check import DIALECT
 from coldharbor.sql_guard import check_query
 
 ORDERS = RegisteredTable(1, "public", "orders", ("id",), None, (), ())
@@ -25,7 +26,7 @@ INJECTIONS = [
     ("INSERT INTO orders SELECT * FROM orders", "this SQL is a INSERT statement"),
     ("CREATE TABLE x AS SELECT * FROM orders", "this SQL is a CREATE statement"),
     ("SET spark.sql.runSQLOnFiles=true", "this SQL is a SET statement"),
-    ("ADD JAR /tmp/evil.jar", "this SQL is a COMMAND statement"),
+    ("ADD JAR /tmp/evil.jar", "this SQL is a ADD JAR statement"),
     ("CACHE TABLE orders", "read-only SELECT"),
     ("SELECT * INTO copy FROM orders", "may not contain INTO"),
     ("SELECT * FROM parquet.`/etc/passwd`", "table parquet./etc/passwd is not a registered table"),
@@ -41,16 +42,15 @@ INJECTIONS = [
     ("SELECT * FROM _ch_view_1", "table _ch_view_1 is not a registered table"),
     ("SELECT * FROM global_temp.anything", "is not a registered table"),
     ("SELECT * FROM spark_catalog.default.orders", "is not a registered table"),
-    ("SELECT /*+ BROADCAST(o) */ * FROM orders o", "hints are not allowed"),
+    ("SELECT /*+ BROADCAST(o) */ * FROM orders o", "may not contain HINT"),
     ("SELECT * FROM orders WHERE id = 1 UNION SELECT * FROM secrets", "table secrets is not a registered table"),
-    ("SELECT * FROM orders WHERE 'a' = 'a'' OR 1=1; DROP TABLE orders; --'", None),  # one quoted literal
     ("", "has no SQL"),
     ("SELECT * FROM orders WHERE (", "does not parse"),
     ("SELECT 1", "reads no registered table"),
 ]
 
 
-@pytest.mark.parametrize("text, message", [i for i in INJECTIONS if i[1] is not None])
+@pytest.mark.parametrize("text, message", INJECTIONS)
 def test_the_injection_corpus_is_refused(text, message):
     with pytest.raises(ReportError, match=re.escape(message)):
         check_query(text, REGISTERED)
@@ -59,9 +59,13 @@ def test_the_injection_corpus_is_refused(text, message):
 def test_quotes_and_comments_stay_inside_literals():
     checked = check_query("SELECT * FROM orders WHERE note = 'x; DROP TABLE orders; --' -- trailing; comment",
                           REGISTERED)
-    [statement] = sqlglot.parse(checked.sql, read="spark")
+    [statement] = sqlglot.parse(checked.sql, read=DIALECT)
     [literal] = [lit for lit in statement.find_all(exp.Literal) if lit.is_string]
     assert literal.this == "x; DROP TABLE orders; --"
+    # A doubled quote is one quote inside the literal (as Spark 4 reads it), not its end.
+    checked = check_query("SELECT * FROM orders WHERE 'a' = 'a'' OR 1=1; DROP TABLE orders; --'", REGISTERED)
+    [statement] = sqlglot.parse(checked.sql, read=DIALECT)
+    assert [lit.this for lit in statement.find_all(exp.Literal)] == ["a", "a' OR 1=1; DROP TABLE orders; --"]
 
 
 def test_tables_resolve_to_their_views_keeping_aliases_and_clauses():
@@ -69,10 +73,12 @@ def test_tables_resolve_to_their_views_keeping_aliases_and_clauses():
         SELECT c.name, count(*) AS n FROM big JOIN shop.customers c ON big.customer_id = c.id
         GROUP BY c.name""", REGISTERED)
     assert {t.table_id for t in checked.tables} == {1, 2}
-    assert "_ch_view_1 AS orders" in checked.sql and "_ch_view_2 AS c" in checked.sql
+    assert "`_ch_view_1` AS `orders`" in checked.sql and "`_ch_view_2` AS `c`" in checked.sql
     assert checked.parameters == frozenset({"min"})
-    sampled = check_query("SELECT orders.id FROM orders TABLESAMPLE (10 PERCENT)", REGISTERED)
-    assert "TABLESAMPLE (10 PERCENT)" in sampled.sql and "_ch_view_1" in sampled.sql
+    renamed = check_query("SELECT o.a FROM orders AS o(a, b, c)", REGISTERED)
+    assert "`_ch_view_1` AS `o`(`a`, `b`, `c`)" in renamed.sql
+    with pytest.raises(ReportError, match="may not contain SAMPLE in TABLE"):  # random: not a function of the data
+        check_query("SELECT orders.id FROM orders TABLESAMPLE (10 PERCENT)", REGISTERED)
 
 
 def test_a_bare_name_in_two_schemas_must_be_qualified():

@@ -94,6 +94,33 @@ def _record_failure(conn: psycopg.Connection | None, record: RunRecord, message:
         log.warning("could not record the failed run %s: %s", record.run_id, exc)
 
 
+def refusal(argv: list[str], dsn: str) -> str | None:
+    """The check `main` makes before a JVM starts, for a caller that has not started one either (the
+    Airflow operator, before its spark-submit): the refusal message, recorded as a failed run, or
+    None when the report may run. A malformed command line is a refusal too. PostgreSQL
+    unreachable is not decided here: the job itself handles it (best effort, or one line)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:
+        return "the report's arguments are malformed (the job's usage message says which)"
+    report_name = args.report or "adhoc"
+    record = RunRecord(args.run_id or default_run_id(report_name), report_name, args.target,
+                       args.sink or "postgres", args.mode, None)
+    try:
+        conn = pg.connect(dsn)
+    except ColdharborError:
+        return None
+    with conn:
+        try:
+            config = build_config(args, record.run_id)
+            record.target, record.sink, record.as_of = config.target, config.sink, config.as_of
+            validate_report(config.report, registry.load(conn))
+        except ColdharborError as exc:
+            _record_failure(conn, record, str(exc))
+            return str(exc)
+    return None
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)

@@ -54,6 +54,8 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
         self.coldharbor_conn_id = coldharbor_conn_id
 
     def execute(self, context: Any) -> Any:
+        if self.job == "serve_report.py":
+            self.refuse_before_submit()
         with self.prepared_submit():
             try:
                 return super().execute(context)
@@ -67,6 +69,18 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
                     code, "Spark or the job failed")
                 raise AirflowException(f"{self.job} exited with code {code}: {meaning}; the job's own message "
                                        "is in the log lines above") from exc
+
+    def refuse_before_submit(self) -> None:
+        """A report the sandbox refuses fails here, in the worker, before spark-submit starts a JVM
+        (the job would refuse it too, 20 s later); the refusal is recorded as a failed run."""
+        import_jobs_package()
+        from coldharbor.serve_cli import refusal
+
+        lake_root = resolve_lake_root(self.lake_root)
+        message = refusal([*self.job_args, "--lake-root", lake_root], ColdharborHook(self.coldharbor_conn_id).dsn())
+        if message is not None:
+            self.log.error("serve_report refused the report: %s", message)
+            raise AirflowException(f"serve_report refused the report before Spark started: {message}")
 
     @contextmanager
     def prepared_submit(self) -> Iterator[None]:

@@ -150,3 +150,27 @@ def test_postgres_down_fails_the_cdc_dag_first_task_and_it_is_retried(airflow_ho
     assert (run.state, probe.state) == ("failed", "failed")
     assert probe.try_number == probe_task.retries + 1  # tried, then retried each time it was allowed
     assert "export" not in {ti.task_id for ti in run.get_task_instances() if ti.state == "success"}
+
+
+def test_a_refused_report_fails_the_task_before_spark_submit_starts(airflow_home, pg_conn, table_name, tmp_path,
+                                                                    monkeypatch):
+    """The sandbox's refusal runs in the worker: no spark-submit (so no JVM), one failed run row,
+    and the marker a shell command would have made is not there."""
+    from airflow.sdk.exceptions import AirflowException
+    from coldharbor_airflow.operators import ColdharborSparkJobOperator
+
+    monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", str(tmp_path / "lake"))
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    marker = tmp_path / "owned"
+    submitted = []
+    monkeypatch.setattr(ColdharborSparkJobOperator, "prepared_submit", lambda self: submitted.append(1))
+    operator = ColdharborSparkJobOperator(
+        task_id="serve", job="serve_report.py",
+        job_args=["--sql", f"SELECT TRANSFORM(v) USING 'touch {marker}' AS (x) FROM {table_name}",
+                  "--target", "adhoc_owned", "--run-id", f"refused-{table_name}"])
+    with pytest.raises(AirflowException, match="refused the report before Spark started: .*TRANSFORM"):
+        operator.execute({})
+    assert submitted == [] and not marker.exists()
+    assert pg_conn.execute("SELECT state FROM coldharbor.report_runs WHERE run_id = %s",
+                           (f"refused-{table_name}",)).fetchone() == ("failed",)

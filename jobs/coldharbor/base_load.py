@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 
 from coldharbor import faults, lake, pg, table_reader
 from coldharbor.errors import LakeUnavailableError, TableBusyError
-from coldharbor.lake_rows import BATCH_ID, CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, latest_per_key, to_lake_rows
+from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, latest_per_key, to_lake_rows
 from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.unified import table_contract
 

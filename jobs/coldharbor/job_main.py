@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import psycopg
 
@@ -30,3 +31,18 @@ def run_job(name: str, body: Callable[[], int]) -> int:
     except psycopg.OperationalError as exc:
         log.error("%s failed: %s", name, PostgresUnavailableError(f"lost PostgreSQL: {exc}"))
         return EXIT_REFUSED
+
+
+@contextmanager
+def one_table(table_name: str, app_name: str) -> Iterator[tuple]:
+    """(spark, conn, jdbc, table) for a job over one registered table: the table is looked up before
+    Spark starts, so an unregistered one is refused (exit 2) without a JVM."""
+    from coldharbor import pg, registry, settings
+
+    dsn = settings.pg_dsn()
+    jdbc = pg.JdbcTarget.from_dsn(dsn)
+    with pg.connect(dsn) as conn:
+        [table] = registry.load(conn, table_name)
+        from coldharbor.spark import get_session
+
+        yield get_session(app_name), conn, jdbc, table

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
 import psycopg
+
+from coldharbor.errors import TableBusyError
+
 
 def new_run_id(kind: str) -> str:
     return f"{kind}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
@@ -27,3 +31,16 @@ def finish(conn: psycopg.Connection, run_id: str, table_id: int, kind: str, stat
                        SET state = %s, detail = %s, lake_version = %s, error = %s, finished_at = now()
                      WHERE run_id = %s AND table_id = %s AND kind = %s""",
                  (state, json.dumps(dict(detail or {}), default=str), lake_version, error, run_id, table_id, kind))
+
+
+@contextmanager
+def recorded(conn: psycopg.Connection, run_id: str, table_id: int, kind: str) -> Iterator[None]:
+    """Starts the run's row; an error inside the block ends it (skipped when the table was busy,
+    else failed, with the error's first line) and goes on. Success is the block's to record."""
+    start(conn, run_id, table_id, kind)
+    try:
+        yield
+    except Exception as exc:
+        state = "skipped" if isinstance(exc, TableBusyError) else "failed"
+        finish(conn, run_id, table_id, kind, state, error=(str(exc).splitlines() or [type(exc).__name__])[0][:500])
+        raise

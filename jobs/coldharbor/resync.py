@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from coldharbor import base_load, maintenance_runs, pg, registry, settings
 from coldharbor.errors import TableBusyError
 from coldharbor.export import recover_pending
-from coldharbor.job_main import run_job
+from coldharbor.job_main import one_table, run_job
 
 log = logging.getLogger(__name__)
 
@@ -65,21 +65,9 @@ def resync_table(spark, conn, jdbc: pg.JdbcTarget, table: registry.RegisteredTab
 def main(argv: list[str]) -> int:
     def body() -> int:
         config = parse_args(argv)
-        dsn = settings.pg_dsn()
-        jdbc = pg.JdbcTarget.from_dsn(dsn)
-        with pg.connect(dsn) as conn:
-            [table] = registry.load(conn, config.table)
-            from coldharbor.spark import get_session
-
-            spark = get_session("coldharbor-resync")
-            maintenance_runs.start(conn, config.run_id, table.table_id, "resync")
-            try:
+        with one_table(config.table, "coldharbor-resync") as (spark, conn, jdbc, table):
+            with maintenance_runs.recorded(conn, config.run_id, table.table_id, "resync"):
                 result = resync_table(spark, conn, jdbc, table, config)
-            except Exception as exc:
-                state = "skipped" if isinstance(exc, TableBusyError) else "failed"
-                maintenance_runs.finish(conn, config.run_id, table.table_id, "resync", state,
-                                        error=(str(exc).splitlines() or [type(exc).__name__])[0][:500])
-                raise
             maintenance_runs.finish(conn, config.run_id, table.table_id, "resync", "succeeded",
                                     {"kind": result.kind, "rows": result.rows, "batch_id": result.batch_id},
                                     result.lake_version)

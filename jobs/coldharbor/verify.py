@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from coldharbor import base_load, hot_snapshot, lake, maintenance_runs, pg, registry, settings, table_reader
 from coldharbor.errors import ConfigError, LakeUnavailableError
-from coldharbor.job_main import run_job
+from coldharbor.job_main import one_table, run_job
 from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.unified import table_contract
 
@@ -207,20 +207,9 @@ def parse_args(argv: list[str]) -> VerifyConfig:
 def main(argv: list[str]) -> int:
     def body() -> int:
         config = parse_args(argv)
-        dsn = settings.pg_dsn()
-        jdbc = pg.JdbcTarget.from_dsn(dsn)
-        with pg.connect(dsn) as conn:
-            [table] = registry.load(conn, config.table)
-            from coldharbor.spark import get_session
-
-            spark = get_session("coldharbor-verify")
-            maintenance_runs.start(conn, config.run_id, table.table_id, "verify")
-            try:
+        with one_table(config.table, "coldharbor-verify") as (spark, conn, jdbc, table):
+            with maintenance_runs.recorded(conn, config.run_id, table.table_id, "verify"):
                 result = verify_table(spark, conn, jdbc, table, config)
-            except Exception as exc:
-                maintenance_runs.finish(conn, config.run_id, table.table_id, "verify", "failed",
-                                        error=str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__)
-                raise
             detail = {"result": "in sync" if result.in_sync else "differences", "rows": result.rows,
                       "chunks": result.chunks, "differing": result.differing, "samples": result.samples}
             maintenance_runs.finish(conn, config.run_id, table.table_id, "verify",

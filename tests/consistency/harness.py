@@ -6,7 +6,8 @@ order; a writer "committing while an export runs" commits at a named point of th
 the export's hook, not on a timer). A failure raises `Violation` naming the seed, the step and the
 steps that led there, so `run_sequence(seed, ...)` reproduces it.
 
-Steps: inserts, updates, deletes, delete-then-reinsert, primary-key changes, bulk statements, a
+The table is registered empty or already holding rows (then its initial load comes first, and
+writers may commit inside it). Steps: inserts, updates, deletes, delete-then-reinsert, primary-key changes, bulk statements, a
 transaction held open across later steps, export (optionally with a writer committing inside it),
 compaction, cleanup (eviction, VACUUM, pruning), purge, reports now and as of a past instant, and
 crashes: the job runs under spark-submit with COLDHARBOR_CRASH_AT=<point> and must die there by
@@ -30,6 +31,9 @@ from tests.helpers import export, spark_submit
 KEYS = range(1, 41)  # a small key space, so keys collide, die and come back
 # Crash points, each with the job that reaches it.
 CRASH_POINTS = {
+    "load_after_snapshot": "cdc_export.py",
+    "load_during_write": "cdc_export.py",
+    "load_after_commit": "cdc_export.py",
     "after_read": "cdc_export.py",
     "during_write": "cdc_export.py",
     "after_commit": "cdc_export.py",
@@ -37,8 +41,11 @@ CRASH_POINTS = {
     "compact_during_write": "compact.py",
     "during_vacuum": "cleanup.py",
 }
-TASK_POINTS = ("during_write", "compact_during_write")
-EXPORT_HOOK_POINTS = ("after_read", "after_intent", "after_commit", "after_mark")
+TASK_POINTS = ("during_write", "compact_during_write", "load_during_write")
+# Reachable only while the table's initial load is pending: the sequence opens with them.
+LOAD_POINTS = ("load_after_snapshot", "load_during_write", "load_after_commit")
+EXPORT_HOOK_POINTS = ("load_after_intent", "load_after_snapshot", "after_read", "after_intent", "after_commit",
+                      "after_mark")
 WRITE_STEPS = ("insert", "update", "delete", "delete_reinsert", "pk_change", "bulk_update", "bulk_delete",
                "bulk_insert")
 # Relative weights of the steps drawn at random.
@@ -81,15 +88,25 @@ class Run:
     crashes: list[str] = field(default_factory=list)
     export_instants: list = field(default_factory=list)
 
+    prefilled: bool | None = None  # None: the seed decides
+
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.table = f"public.cs_{self.seed}_{uuid.uuid4().hex[:6]}"
         self.target = f"adhoc_cs_{self.table.split('.')[1]}"
         self.conn = pg.connect(self.dsn)
         self.conn.execute(f"CREATE TABLE {self.table} (id int PRIMARY KEY, v text)")
+        if self.prefilled is None:
+            self.prefilled = self.rng.random() < 0.5
+        if self.prefilled:
+            # Rows the table holds before it is registered: they reach the lake by its initial load.
+            self.committed_write("bulk_insert")
+            self.committed_write("insert")
         # A hot retention of a millisecond: cleanup evicts every flushed, unchanged row.
         self.conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => interval '1 millisecond')",
                           (self.table,))
+        if self.prefilled:
+            self.trace.append("registered with rows")
         self.stamp()
 
     # -- bookkeeping --------------------------------------------------------------------------
@@ -331,6 +348,16 @@ class Run:
                 self.fail(f"as-of {at.isoformat()} was refused as not in the lake, but every change committed "
                           f"by then is flushed: {error}")
             self.trace.append(f"report as of {at.isoformat()}: refused, not in the lake yet (correct)")
+        elif "was loaded into the lake" in error:
+            loaded_at = self.loaded_at()
+            if loaded_at is None or at >= loaded_at:
+                self.fail(f"as-of {at.isoformat()} was refused as before the initial load, which read the table "
+                          f"as of {loaded_at}: {error}")
+            self.trace.append(f"report as of {at.isoformat()}: refused, before the initial load (correct)")
+        elif "initial load has not landed" in error:
+            if self.loaded_at() is not None:
+                self.fail(f"as-of {at.isoformat()} was refused as before the load landed, but it has: {error}")
+            self.trace.append(f"report as of {at.isoformat()}: refused, the initial load is pending (correct)")
         elif "cannot be answered exactly" in error:
             if not self.exported_together_around(at):
                 self.fail(f"as-of {at.isoformat()} was refused as inside a span of changes exported together, "
@@ -338,6 +365,11 @@ class Run:
             self.trace.append(f"report as of {at.isoformat()}: refused, inside a span exported together (correct)")
         else:
             self.fail(f"report as of {at.isoformat()} failed with exit {code}: {error}")
+
+    def loaded_at(self):
+        """The initial load's snapshot time, or None (pending, or registered empty)."""
+        return self.conn.execute("SELECT loaded_at FROM coldharbor.tables WHERE schema_name || '.' || table_name = %s",
+                                 (self.table,)).fetchone()[0]
 
     def exported_together_around(self, at) -> bool:
         """Whether the lake has a key whose changes before and after `at` went out in one export."""
@@ -410,13 +442,23 @@ class Outcome:
     trace: list[str]
 
 
-def run_sequence(seed: int, steps: int, crash_points: list[str], *, spark, dsn: str, workdir: Path) -> Outcome:
-    """One seeded sequence of `steps` random steps with the given crash points spread over it."""
-    run = Run(seed, spark, dsn, str(workdir / f"lake-{seed}"))
+def run_sequence(seed: int, steps: int, crash_points: list[str], *, spark, dsn: str, workdir: Path,
+                 prefilled: bool | None = None) -> Outcome:
+    """One seeded sequence of `steps` random steps with the given crash points spread over it; the
+    table holds rows before its registration when `prefilled` (None: the seed decides; always when
+    a crash point of the initial load is asked for)."""
+    load_points = [p for p in crash_points if p in LOAD_POINTS]
+    if len(load_points) > 1:
+        raise ValueError(f"one initial load per sequence: at most one of {LOAD_POINTS}, got {load_points}")
+    run = Run(seed, spark, dsn, str(workdir / f"lake-{seed}"), prefilled=True if load_points else prefilled)
     rng = random.Random(seed * 7919)
-    slots = sorted(rng.sample(range(2, steps), len(crash_points))) if crash_points else []
-    crash_at = dict(zip(slots, crash_points))
+    later = [p for p in crash_points if p not in LOAD_POINTS]
+    slots = sorted(rng.sample(range(2, steps), len(later))) if later else []
+    crash_at = dict(zip(slots, later))
     try:
+        for point in load_points:  # the table's first export is its load: killed there, then recovered
+            run.committed_write("update")
+            run.crash(point)
         for index in range(steps):
             run.step(index, crash_at)
         run.finish()

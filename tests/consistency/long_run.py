@@ -37,9 +37,10 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("COLDHARBOR_SPARK_MASTER", "local[2]")
     from coldharbor.spark import get_session
     from coldharbor.stack import throwaway_server
-    from tests.consistency.harness import CRASH_POINTS, CrashPointNotReached, run_sequence
+    from tests.consistency.harness import CRASH_POINTS, LOAD_POINTS, CrashPointNotReached, run_sequence
 
-    points = sorted(CRASH_POINTS)
+    # Two crash points per seed, and every other seed also kills its table's initial load.
+    points = sorted(p for p in CRASH_POINTS if p not in LOAD_POINTS)
     operations, violations, exercised = 0, 0, set()
     with tempfile.TemporaryDirectory(prefix="coldharbor-consistency-") as folder, \
             throwaway_server(Path(folder) / "pg") as dsn:
@@ -48,6 +49,8 @@ def main(argv: list[str]) -> int:
         spark.sparkContext.setLogLevel("ERROR")
         for n, seed in enumerate(range(args.first_seed, args.first_seed + args.seeds)):
             crash_points = [points[(2 * n) % len(points)], points[(2 * n + 1) % len(points)]]
+            if n % 2 == 0:
+                crash_points.append(LOAD_POINTS[(n // 2) % len(LOAD_POINTS)])
             workdir = Path(folder) / f"seed-{seed}"
             workdir.mkdir()
             started = time.monotonic()

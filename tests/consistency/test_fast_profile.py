@@ -11,9 +11,9 @@ from tests.consistency.harness import CRASH_POINTS, run_sequence
 
 # seed -> the crash points that seed injects; together they cover every point.
 FAST_SEEDS = {
-    1: ["after_read", "during_mark"],
-    2: ["during_write", "compact_during_write"],
-    3: ["after_commit", "during_vacuum"],
+    1: ["load_after_snapshot", "after_read", "during_mark"],
+    2: ["load_during_write", "during_write", "compact_during_write"],
+    3: ["load_after_commit", "after_commit", "during_vacuum"],
 }
 STEPS = 24
 

@@ -23,7 +23,7 @@ def test_as_of_between_two_changes_exported_together_is_refused(spark, pg_dsn, t
     row's first change time and refusing an as-of inside such a span (test_serve has the direct
     form of it)."""
     monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
-    outcome = run_sequence(1, 9, [], spark=spark, dsn=pg_dsn, workdir=tmp_path)
+    outcome = run_sequence(1, 9, [], spark=spark, dsn=pg_dsn, workdir=tmp_path, prefilled=False)
     assert outcome.trace[3].startswith("bulk_insert") and outcome.trace[5].startswith("pk_change")
     assert "refused, inside a span exported together (correct)" in outcome.trace[8]
 
@@ -31,4 +31,5 @@ def test_as_of_between_two_changes_exported_together_is_refused(spark, pg_dsn, t
 @pytest.mark.parametrize("case", KEPT, ids=[f"seed-{c['seed']}" for c in KEPT])
 def test_kept_seed_replays_clean(case, spark, pg_dsn, tmp_path, monkeypatch):
     monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
-    run_sequence(case["seed"], case["steps"], case["crash_points"], spark=spark, dsn=pg_dsn, workdir=tmp_path)
+    run_sequence(case["seed"], case["steps"], case["crash_points"], spark=spark, dsn=pg_dsn, workdir=tmp_path,
+                 prefilled=case.get("prefilled"))

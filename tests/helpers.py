@@ -121,3 +121,28 @@ def report_run(conn: psycopg.Connection, run_id: str) -> dict:
     cur = conn.execute("SELECT * FROM coldharbor.report_runs WHERE run_id = %s", (run_id,))
     row = cur.fetchone()
     return dict(zip([d.name for d in cur.description], row)) if row else {}
+
+
+@contextmanager
+def server_with_orders(folder: Path, rows: int, **server_settings: str) -> Iterator[tuple]:
+    """(server, dsn) of a PostgreSQL of the test's own (to stop, restart, or start with other
+    settings) holding public.orders (id bigint key, v text) registered, with `rows` rows."""
+    from coldharbor.stack import throwaway
+
+    with throwaway(folder, **server_settings) as (server, dsn):
+        with pg.connect(dsn) as conn:
+            conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, v text)")
+            conn.execute("SELECT coldharbor.register_table('public.orders')")
+            conn.execute("INSERT INTO orders SELECT g, 'v' FROM generate_series(1, %s) g", (rows,))
+        yield server, dsn
+
+
+def wait_until_paused(pause_dir: Path, point: str, process: subprocess.Popen, timeout_s: float = 300) -> None:
+    """Waits until a job started with COLDHARBOR_PAUSE_AT=<point> reaches it (fails if it ends first)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not (pause_dir / f"{point}.reached").exists():
+        assert process.poll() is None, f"the job ended before reaching {point}"
+        assert time.monotonic() < deadline, f"the job did not reach {point}"
+        time.sleep(0.2)

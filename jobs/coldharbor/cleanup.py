@@ -145,8 +145,9 @@ def vacuum_files(spark: SparkSession, path: str, retention: timedelta, *, dry_ru
     """
     from delta.tables import DeltaTable
 
-    if not DeltaTable.isDeltaTable(spark, path):
-        return []
+    with lake.reaching("reading", path):
+        if not DeltaTable.isDeltaTable(spark, path):
+            return []
     hours = retention.total_seconds() / 3600
     # DRY RUN exists only in SQL, which names the table by path: maintenance runs no report SQL,
     # so path identifiers may be on for these statements.
@@ -181,16 +182,17 @@ def _align_retention_property(spark: SparkSession, table_ref: str, retention: ti
 def remove_own_leftovers(spark: SparkSession, path: str, config: CleanupConfig) -> list[str]:
     """Probe files of killed exports: hidden from VACUUM by their leading underscore."""
     jvm = spark.sparkContext._jvm
-    folder = jvm.org.apache.hadoop.fs.Path(path)
-    fs = folder.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     cutoff_ms = (datetime.now(timezone.utc) - config.retention).timestamp() * 1000
     removed = []
-    for name in OWN_LEFTOVERS:
-        leftover = jvm.org.apache.hadoop.fs.Path(folder, name)
-        if fs.exists(leftover) and fs.getFileStatus(leftover).getModificationTime() < cutoff_ms:
-            if not config.dry_run:
-                fs.delete(leftover, False)
-            removed.append(str(leftover))
+    with lake.reaching("removing leftovers of killed exports under", path):
+        folder = jvm.org.apache.hadoop.fs.Path(path)
+        fs = folder.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        for name in OWN_LEFTOVERS:
+            leftover = jvm.org.apache.hadoop.fs.Path(folder, name)
+            if fs.exists(leftover) and fs.getFileStatus(leftover).getModificationTime() < cutoff_ms:
+                if not config.dry_run:
+                    fs.delete(leftover, False)
+                removed.append(str(leftover))
     return removed
 
 
@@ -259,7 +261,9 @@ def parse_args(argv: list[str]) -> CleanupConfig:
 
 
 def run(spark: SparkSession, conn: psycopg.Connection, config: CleanupConfig) -> list[TableCleanup]:
-    results = [cleanup_table(spark, conn, t, config) for t in registry.load(conn, config.table)]
+    tables = registry.load(conn, config.table)
+    registry.require_present(tables)  # eviction needs the relation: refused before anything is done
+    results = [cleanup_table(spark, conn, t, config) for t in tables]
     if config.table is None:
         verb = "would expire" if config.dry_run else "expired"
         log.info("%s %s report runs", verb, expire_report_runs(conn, config))
@@ -272,7 +276,8 @@ def main(argv: list[str]) -> int:
     def body() -> int:
         config = parse_args(argv)
         with pg.connect(settings.pg_dsn()) as conn:
-            registry.load(conn, config.table)  # an unknown table fails before Spark starts
+            # An unknown table, or a registered one PostgreSQL lost, fails before Spark starts.
+            registry.require_present(registry.load(conn, config.table))
             from coldharbor.spark import get_session
 
             spark = get_session("coldharbor-cleanup")

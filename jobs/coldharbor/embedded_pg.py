@@ -51,6 +51,7 @@ class EmbeddedPostgres:
     pgdata: Path
     port: int
     host: str = "127.0.0.1"
+    overrides: tuple[tuple[str, str], ...] = ()  # settings that differ from SERVER_SETTINGS (tests)
 
     def dsn(self, password: str, dbname: str = "postgres") -> str:
         return f"postgresql://{SUPERUSER}:{password}@{self.host}:{self.port}/{dbname}"
@@ -87,7 +88,7 @@ class EmbeddedPostgres:
         user = _run_as()
         self._grant(user)
         options = f"-h {self.host} -p {self.port} -k {self.pgdata} " + " ".join(
-            f"-c {key}={value}" for key, value in SERVER_SETTINGS.items())
+            f"-c {key}={value}" for key, value in {**SERVER_SETTINGS, **dict(self.overrides)}.items())
         try:
             _pg().pg_ctl(["-w", "-t", str(START_TIMEOUT_S), "-o", options, "-l", str(self.logfile), "start"],
                          pgdata=self.pgdata, user=user, timeout=START_TIMEOUT_S + 5)

@@ -191,6 +191,7 @@ def main(argv: list[str]) -> int:
         jdbc = pg.JdbcTarget.from_dsn(dsn)
         with pg.connect(dsn) as conn:
             tables = registry.load(conn, config.table)
+            registry.require_present(tables)
             todo = [t for t in tables if needs_spark(conn, t)]
             if not todo:
                 log.info("nothing dirty in %s registered table(s); no Spark session started", len(tables))

@@ -13,6 +13,7 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 
+from coldharbor import faults
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ
 from coldharbor.pg import JdbcTarget
 from coldharbor.registry import LakeColumn, RegisteredTable
@@ -160,6 +161,7 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
                  .option("prepareThreshold", "-1")  # binary rows from the first execution
                  .load())
         images = share if images is None else images.union(share)
+    faults.from_environment("before_jdbc_read")  # the readers connect in the checkpoint's tasks
     return images.localCheckpoint(eager=True)
 
 

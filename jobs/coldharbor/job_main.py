@@ -31,6 +31,14 @@ def run_job(name: str, body: Callable[[], int]) -> int:
     except psycopg.OperationalError as exc:
         log.error("%s failed: %s", name, PostgresUnavailableError(f"lost PostgreSQL: {exc}"))
         return EXIT_REFUSED
+    except Exception as exc:
+        from coldharbor.pg import lost_postgres
+
+        lost = lost_postgres(exc)  # a Spark JDBC reader or writer that lost the server
+        if lost is None:
+            raise
+        log.error("%s failed: %s", name, lost)
+        return EXIT_REFUSED
 
 
 @contextmanager
@@ -43,6 +51,7 @@ def one_table(table_name: str, app_name: str) -> Iterator[tuple]:
     jdbc = pg.JdbcTarget.from_dsn(dsn)
     with pg.connect(dsn) as conn:
         [table] = registry.load(conn, table_name)
+        registry.require_present([table])
         from coldharbor.spark import get_session
 
         yield get_session(app_name), conn, jdbc, table

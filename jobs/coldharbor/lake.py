@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from coldharbor.errors import ConfigError, LakeUnavailableError
+from coldharbor.errors import ColdharborError, ConfigError, LakeUnavailableError
 from coldharbor.lake_rows import BATCH_ID, CHANGED_AT, METADATA_COLUMNS, SEQ
 
 log = logging.getLogger(__name__)
@@ -20,6 +21,26 @@ log = logging.getLogger(__name__)
 # can land between an export's commit and its lookup).
 COMMIT_SEARCH_DEPTH = 200
 RECENT_COMMITS = 5
+
+
+@contextmanager
+def reaching(what: str, path: str) -> Iterator[None]:
+    """A failure to reach the lake inside the block (an unreachable store, a lost folder: py4j
+    wraps every JVM error) becomes one LakeUnavailableError saying what failed where."""
+    try:
+        yield
+    except ColdharborError:
+        raise
+    except Exception as exc:
+        raise _lake_error(f"{what} {path} failed", exc) from exc
+
+
+def _lake_error(what: str, exc: Exception) -> ColdharborError:
+    """LakeUnavailableError, unless the write failed because a lazy JDBC read of PostgreSQL it
+    consumed lost the server: then that, naming the tier that was lost."""
+    from coldharbor.pg import lost_postgres
+
+    return lost_postgres(exc) or LakeUnavailableError(f"{what}: {jvm_message(exc)}")
 
 
 def export_app_id(table_id: int) -> str:
@@ -94,7 +115,7 @@ def _save(writer, path: str, partition_by: Sequence[str], what: str) -> None:
     try:
         writer.save(path)
     except Exception as exc:
-        raise LakeUnavailableError(f"{what} {path} failed: {jvm_message(exc)}") from exc
+        raise _lake_error(f"{what} {path} failed", exc) from exc
 
 
 @dataclass(frozen=True)
@@ -122,9 +143,10 @@ def schema_change(spark: SparkSession, path: str, wanted: StructType, table: str
     """
     from delta.tables import DeltaTable
 
-    if not DeltaTable.isDeltaTable(spark, path):
-        return SchemaChange((), ())
-    current = {f.name: f.dataType for f in DeltaTable.forPath(spark, path).toDF().schema.fields}
+    with reaching("reading the schema of", path):
+        if not DeltaTable.isDeltaTable(spark, path):
+            return SchemaChange((), ())
+        current = {f.name: f.dataType for f in DeltaTable.forPath(spark, path).toDF().schema.fields}
     changed = [(f.name, current[f.name], f.dataType) for f in wanted.fields
                if f.name in current and current[f.name] != f.dataType]
     unsafe = [c for c in changed if (c[1].simpleString(), c[2].simpleString()) not in SAFE_WIDENINGS]
@@ -165,6 +187,11 @@ def find_batch_commit(spark: SparkSession, path: str, app_id: str, batch_id: int
 def find_commit_entry(spark: SparkSession, path: str, metadata: Mapping[str, object],
                       depth: int = COMMIT_SEARCH_DEPTH) -> dict | None:
     """The history entry of that commit (version, metrics, user_metadata), or None."""
+    with reaching("reading the Delta history of", path):
+        return _find_commit_entry(spark, path, metadata, depth)
+
+
+def _find_commit_entry(spark: SparkSession, path: str, metadata: Mapping[str, object], depth: int) -> dict | None:
     from delta.tables import DeltaTable
 
     if not DeltaTable.isDeltaTable(spark, path):
@@ -206,8 +233,9 @@ def commit_time(spark: SparkSession, path: str, version: int) -> datetime:
     from pyspark.sql import functions as F
 
     # Epoch seconds: PySpark would hand timestamps back in the Python process's local zone.
-    row = (DeltaTable.forPath(spark, path).history().filter(F.col("version") == version)
-           .select(F.col("timestamp").cast("double").alias("epoch")).first())
+    with reaching("reading the Delta history of", path):
+        row = (DeltaTable.forPath(spark, path).history().filter(F.col("version") == version)
+               .select(F.col("timestamp").cast("double").alias("epoch")).first())
     if row is None:
         raise LakeUnavailableError(f"version {version} of {path} is not in its Delta history")
     return datetime.fromtimestamp(row["epoch"], timezone.utc)
@@ -231,30 +259,32 @@ def files_gone(exc: Exception) -> bool:
 def read_text(spark: SparkSession, path: str) -> str | None:
     """A small file on the lake's file system (any Hadoop URI), or None if it is not there."""
     jvm = spark.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if not fs.exists(hadoop_path):
-        return None
-    stream = fs.open(hadoop_path)
-    try:
-        return jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-    finally:
-        stream.close()
+    with reaching("reading", path):
+        hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+        fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        if not fs.exists(hadoop_path):
+            return None
+        stream = fs.open(hadoop_path)
+        try:
+            return jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        finally:
+            stream.close()
 
 
 def write_text(spark: SparkSession, path: str, text: str) -> None:
     """Replaces a small file on the lake's file system: written aside, then renamed over."""
     jvm = spark.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    staged = jvm.org.apache.hadoop.fs.Path(path + ".tmp")
-    out = fs.create(staged, True)
-    try:
-        out.write(bytearray(text.encode("utf-8")))
-    finally:
-        out.close()
-    fs.delete(hadoop_path, False)
-    fs.rename(staged, hadoop_path)
+    with reaching("writing", path):
+        hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+        fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        staged = jvm.org.apache.hadoop.fs.Path(path + ".tmp")
+        out = fs.create(staged, True)
+        try:
+            out.write(bytearray(text.encode("utf-8")))
+        finally:
+            out.close()
+        fs.delete(hadoop_path, False)
+        fs.rename(staged, hadoop_path)
 
 
 @dataclass(frozen=True)
@@ -287,13 +317,14 @@ def snapshot(spark: SparkSession, path: str) -> LakeSnapshot | None:
     from delta.tables import DeltaTable
     from pyspark.sql import DataFrame as PyDataFrame
 
-    if not DeltaTable.isDeltaTable(spark, path):
-        return None
-    jvm = spark.sparkContext._jvm
-    none = jvm.scala.Option.empty()
-    log_ = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    snap = log_.update(False, none, none)
-    rows = PyDataFrame(snap.allFiles().toDF(), spark).select("path", "partitionValues", "size", "stats").collect()
+    with reaching("reading the Delta log of", path):
+        if not DeltaTable.isDeltaTable(spark, path):
+            return None
+        jvm = spark.sparkContext._jvm
+        none = jvm.scala.Option.empty()
+        log_ = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+        snap = log_.update(False, none, none)
+        rows = PyDataFrame(snap.allFiles().toDF(), spark).select("path", "partitionValues", "size", "stats").collect()
     files = []
     for row in rows:
         stats = json.loads(row["stats"]) if row["stats"] else {}

@@ -29,6 +29,9 @@ ADDRESS_PARAMETERS = ("host", "port", "dbname", "user", "password")
 # libpq's parse errors quote the offending text, which may be the password: they are not repeated.
 UNPARSABLE_DSN = ("the PostgreSQL DSN does not parse (libpq's message is withheld: it may quote the password); "
                   "check its quoting, or percent-encode special characters in a URL")
+# Values libpq and the JDBC driver both accept for the parameters checked before anything connects
+# (libpq would report a bad one as a connection failure, psycopg a bad timeout with a traceback).
+SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
 # First key of the two-key advisory lock: one namespace per job kind, the table id is the second.
 LOCK_NAMESPACES = {"export": 0x43480001, "compact": 0x43480002, "cleanup": 0x43480003,
@@ -45,10 +48,55 @@ def connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection:
         return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=params.get("connect_timeout")
                                or CONNECT_TIMEOUT_S, application_name=params.get("application_name")
                                or APPLICATION_NAME)
+    except psycopg.ProgrammingError:  # a value libpq refuses: its message may quote the DSN
+        raise ConfigError("the PostgreSQL DSN is malformed (a parameter has a value libpq refuses; "
+                          "libpq's message is withheld: it may quote the password)") from None
     except psycopg.OperationalError as exc:
         target = describe(dsn)
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PostgresUnavailableError(f"PostgreSQL at {target} is unreachable: {first_line}") from exc
+
+
+# What a Spark JDBC reader or writer reports when PostgreSQL went away under it: SQLSTATE class 08
+# (connection exception), 57P01-57P03 (shutdown, crash, not accepting connections yet), and an
+# exported snapshot whose exporting session ended with the server (SQLSTATE 22023, by message).
+_LOST_STATE_CLASS = "08"
+_LOST_STATES = ("57P01", "57P02", "57P03")
+_LOST_MARKERS = ("Connection to ", "An I/O error occurred while sending to the backend",
+                 "This connection has been closed", "terminating connection due to",
+                 "the database system is shutting down", "the database system is starting up",
+                 "invalid snapshot identifier")
+_PSQL_EXCEPTION = "org.postgresql.util.PSQLException"
+
+
+def lost_postgres(exc: BaseException) -> PostgresUnavailableError | None:
+    """The one-line error for a Spark job (JDBC read or write) that failed because PostgreSQL was
+    lost, or None when the failure is something else (a bug keeps its traceback)."""
+    psql = _psql_exception(getattr(exc, "java_exception", None) or getattr(exc, "_origin", None))
+    if psql is not None:
+        state, message = str(psql.getSQLState() or ""), str(psql.getMessage() or "")
+        lost = state.startswith(_LOST_STATE_CLASS) or state in _LOST_STATES or _LOST_MARKERS[-1] in message
+    else:  # no JVM object at hand (Spark Connect): the text Spark relays
+        _, found, message = str(exc).partition(f"{_PSQL_EXCEPTION}: ")
+        lost = bool(found) and any(marker in message.split("\n", 1)[0] for marker in _LOST_MARKERS)
+    if not lost:
+        return None
+    first_line = (message.strip().splitlines() or ["the connection was lost"])[0][:300]
+    return PostgresUnavailableError(f"lost PostgreSQL during a Spark JDBC read or write: {first_line}")
+
+
+def _psql_exception(java_exc):
+    """The PostgreSQL driver's exception in a JVM exception's cause chain, or None."""
+    seen = 0
+    while java_exc is not None and seen < 20:
+        try:
+            if java_exc.getClass().getName() == _PSQL_EXCEPTION:
+                return java_exc
+            java_exc = java_exc.getCause()
+        except Exception:  # not a py4j object (or the gateway is gone)
+            return None
+        seen += 1
+    return None
 
 
 def describe(dsn: str) -> str:
@@ -111,7 +159,22 @@ def dsn_params(dsn: str) -> dict[str, str]:
         raise ConfigError(f"the PostgreSQL DSN parameter {unknown[0]!r} is not supported: Coldharbor passes "
                           f"{', '.join((*ADDRESS_PARAMETERS, *JDBC_PROPERTIES))} to both psycopg and Spark's "
                           "JDBC driver, and nothing else")
-    return {k: str(v) for k, v in params.items()}
+    params = {k: str(v) for k, v in params.items()}
+    _check_values(params)
+    return params
+
+
+def _check_values(params: dict[str, str]) -> None:
+    """A port, timeout or sslmode both drivers accept; these values are never secret, so named."""
+    for port in filter(None, params.get("port", "").split(",")):
+        if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"the PostgreSQL DSN's port {port!r} is not a port number (1-65535)")
+    timeout = params.get("connect_timeout")
+    if timeout is not None and not (timeout.isascii() and timeout.isdigit()):
+        raise ConfigError(f"the PostgreSQL DSN's connect_timeout {timeout!r} is not a whole number of seconds")
+    sslmode = params.get("sslmode")
+    if sslmode is not None and sslmode not in SSL_MODES:
+        raise ConfigError(f"the PostgreSQL DSN's sslmode {sslmode!r} is not one of {', '.join(SSL_MODES)}")
 
 
 @dataclass(frozen=True)

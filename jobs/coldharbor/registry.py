@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -9,6 +10,10 @@ import psycopg
 from psycopg import sql
 
 from coldharbor.errors import ConfigError, UnknownTableError
+
+
+class MissingTableError(UnknownTableError):
+    """A registered table PostgreSQL no longer has (it, or its schema, was dropped)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class RegisteredTable:
     sort_by: tuple[str, ...]
     hot_retention: timedelta | None = None   # None: rows are never evicted from the hot tier
     source_kind: str = "table"               # table | entity (an entity schema read through its view)
+    present: bool = True                     # False: registered, but the relation is gone from PostgreSQL
 
     @property
     def qualified_name(self) -> str:
@@ -50,7 +56,8 @@ class RegisteredTable:
 
 
 _SELECT = """SELECT table_id, schema_name, table_name, key_columns, lake_location, partition_by, sort_by,
-                    hot_retention, source_kind
+                    hot_retention, source_kind,
+                    to_regclass(quote_ident(schema_name) || '.' || quote_ident(table_name)) IS NOT NULL AS present
              FROM coldharbor.tables"""
 
 
@@ -73,7 +80,21 @@ def load(conn: psycopg.Connection, name: str | None = None) -> list[RegisteredTa
         if not rows:
             raise UnknownTableError(f"table {name} is not registered with coldharbor "
                                     "(register it with SELECT coldharbor.register_table(...))")
-    return [RegisteredTable(r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple(r[6]), r[7], r[8]) for r in rows]
+    return [RegisteredTable(r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple(r[6]), r[7], r[8], r[9])
+            for r in rows]
+
+
+def missing_message(names: Sequence[str]) -> str:
+    return (f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} registered with coldharbor but PostgreSQL has "
+            "no such table any more (it or its schema was dropped): recreate it, or remove its registration "
+            "(its row in coldharbor.tables); nothing was done")
+
+
+def require_present(tables: Sequence[RegisteredTable]) -> None:
+    """Refuses, before anything runs, a job over a registered table whose relation is gone."""
+    missing = [t.qualified_name for t in tables if not t.present]
+    if missing:
+        raise MissingTableError(missing_message(missing))
 
 
 def lake_columns(conn: psycopg.Connection, table: RegisteredTable) -> list[LakeColumn]:
@@ -82,8 +103,9 @@ def lake_columns(conn: psycopg.Connection, table: RegisteredTable) -> list[LakeC
         rows = conn.execute("SELECT column_name, pg_type, lake_type, key_position "
                             "FROM coldharbor.lake_columns(%s::regclass)",
                             (table.identifier.as_string(conn),)).fetchall()
-    except (psycopg.errors.FeatureNotSupported, psycopg.errors.InvalidName,
-            psycopg.errors.UndefinedTable) as exc:
+    except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+        raise MissingTableError(missing_message([table.qualified_name])) from None
+    except (psycopg.errors.FeatureNotSupported, psycopg.errors.InvalidName) as exc:
         raise ConfigError(f"cannot export {table.qualified_name}: {exc.diag.message_primary}") from exc
     columns = [LakeColumn(*row) for row in rows]
     if table.source_kind == "entity":

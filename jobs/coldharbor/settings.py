@@ -58,6 +58,8 @@ def pg_dsn() -> str:
         dsn = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise ConfigError(f"{PG_DSN_FILE_ENV}: cannot read the DSN file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{PG_DSN_FILE_ENV}: the DSN file {path} is not UTF-8 text") from None
     if not dsn:
         raise ConfigError(f"{PG_DSN_FILE_ENV}: the DSN file {path} is empty")
     return dsn

@@ -73,7 +73,15 @@ def free_port() -> int:
 @contextmanager
 def throwaway_server(folder: Path) -> Iterator[str]:
     """A new migrated server in `folder` on a free loopback port (tests, benchmarks); yields its DSN."""
-    srv = EmbeddedPostgres(folder / "pgdata", free_port())
+    with throwaway(folder) as (_, dsn):
+        yield dsn
+
+
+@contextmanager
+def throwaway(folder: Path, **overrides: str) -> Iterator[tuple[EmbeddedPostgres, str]]:
+    """`throwaway_server` that also yields the server (to stop and start it), with server settings
+    that differ from the embedded defaults, e.g. track_commit_timestamp="off"."""
+    srv = EmbeddedPostgres(folder / "pgdata", free_port(), overrides=tuple(overrides.items()))
     password = new_password()
     srv.init(password)
     srv.start()
@@ -81,7 +89,7 @@ def throwaway_server(folder: Path) -> Iterator[str]:
         dsn = srv.dsn(password)
         with pg.connect(dsn) as conn:
             migrate.apply(conn, migrate.discover())
-        yield dsn
+        yield srv, dsn
     finally:
         srv.stop()
 

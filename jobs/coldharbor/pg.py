@@ -35,7 +35,9 @@ SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"
 
 # First key of the two-key advisory lock: one namespace per job kind, the table id is the second.
 LOCK_NAMESPACES = {"export": 0x43480001, "compact": 0x43480002, "cleanup": 0x43480003,
-                   "lake_commit": 0x43480004}
+                   "lake_commit": 0x43480004,
+                   # Not per table: a report run's lease (by lease id), a report table's swap (by name).
+                   "report_run": 0x43480005, "report_table": 0x43480006}
 
 
 def connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection:

@@ -1,8 +1,9 @@
 """Where report results go, each written so that readers only ever see a complete table.
 
-PostgreSQL: the result is written to a staging table in the `reports` schema, then swapped in
-with a drop and a rename in one transaction: a concurrent reader sees the previous complete
-table or the new complete table (PostgreSQL re-resolves the name after waiting on the lock).
+PostgreSQL: the result is written to a staging table in the `reports` schema, then moved into the
+report table in one transaction (report_tables.swap_in): the table keeps its identity, so its
+grants, owner and the views over it stay, and a reader sees the previous complete contents or the
+new complete contents, never a mix or an empty table.
 Delta: the result overwrites the report table in one commit.
 """
 
@@ -17,9 +18,9 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import DataFrame
 
-from coldharbor import lake
+from coldharbor import faults, lake, report_tables
 from coldharbor.errors import LakeUnavailableError
-from coldharbor.pg import JdbcTarget
+from coldharbor.pg import JdbcTarget, lost_postgres
 from coldharbor.report_spec import REPORTS_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -35,16 +36,18 @@ def write_postgres(result: DataFrame, conn: psycopg.Connection, jdbc: JdbcTarget
     """Writes `result` to reports.<target>, atomically for readers; returns the row count."""
     stage = stage_name(target)
     try:
-        (result.write.format("jdbc").options(**jdbc.options())
-         .option("dbtable", f'{REPORTS_SCHEMA}."{stage}"')
-         .option("batchsize", JDBC_WRITE_BATCH)
-         .mode("errorifexists").save())
-        with conn.transaction():
-            rows = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
-                sql.Identifier(REPORTS_SCHEMA, stage))).fetchone()[0]
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(REPORTS_SCHEMA, target)))
-            conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(
-                sql.Identifier(REPORTS_SCHEMA, stage), sql.Identifier(target)))
+        try:
+            (result.write.format("jdbc").options(**jdbc.options())
+             .option("dbtable", f'{REPORTS_SCHEMA}."{stage}"')
+             .option("batchsize", JDBC_WRITE_BATCH)
+             .mode("errorifexists").save())
+        except Exception as exc:
+            lost = lost_postgres(exc)
+            if lost is not None:
+                raise lost from exc
+            raise
+        faults.from_environment("report_after_stage")
+        rows = report_tables.swap_in(conn, stage, target)
     except BaseException:
         _drop_quietly(conn, stage)
         raise

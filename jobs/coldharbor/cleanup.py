@@ -7,6 +7,7 @@ Per registered table, under its cleanup lock:
      files of runs that were killed before their commit, go once older than the retention;
   3. prune change_log rows flushed before the retention, and batches finished before it
      (the newest flushed batch stays: it proves the table has reached the lake).
+First, report runs that died without finishing (their lease is gone) are recorded as failed.
 Then, once: expire old report_runs and drop report staging tables that crashed runs left.
 
 Everything is idempotent; with --dry-run it only lists what would go.
@@ -24,7 +25,7 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import SparkSession
 
-from coldharbor import faults, lake, maintenance_runs, pg, registry, settings
+from coldharbor import faults, lake, maintenance_runs, pg, registry, report_runs, settings
 from coldharbor.errors import ConfigError, LakeUnavailableError
 from coldharbor.job_main import run_job
 from coldharbor.registry import RegisteredTable
@@ -263,6 +264,11 @@ def parse_args(argv: list[str]) -> CleanupConfig:
 def run(spark: SparkSession, conn: psycopg.Connection, config: CleanupConfig) -> list[TableCleanup]:
     tables = registry.load(conn, config.table)
     registry.require_present(tables)  # eviction needs the relation: refused before anything is done
+    # Dead report runs first: while one still looks 'running', eviction's cutoff and the staging
+    # tables wait on it.
+    for run_id in report_runs.expire_dead(conn, "cleanup", config.dry_run):
+        log.info("%s report run %s: it died without finishing", "would expire" if config.dry_run else "expired",
+                 run_id)
     results = [cleanup_table(spark, conn, t, config) for t in tables]
     if config.table is None:
         verb = "would expire" if config.dry_run else "expired"

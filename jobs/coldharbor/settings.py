@@ -106,3 +106,18 @@ def history_window_hours() -> float:
     if not hours > 0:
         raise ConfigError(f"{HISTORY_WINDOW_ENV} must be a positive number of hours, not {raw!r}")
     return hours
+
+
+REPORT_LEASE_ENV = "COLDHARBOR_REPORT_LEASE_SECONDS"
+# How soon PostgreSQL drops the session (and with it the lease) of a report run whose client
+# vanished without closing its connection (a lost host or network): its TCP keepalive budget.
+DEFAULT_REPORT_LEASE_SECONDS = 120
+
+
+def report_lease_seconds() -> int:
+    raw = os.environ.get(REPORT_LEASE_ENV)
+    if raw is None:
+        return DEFAULT_REPORT_LEASE_SECONDS
+    if not (raw.strip().isascii() and raw.strip().isdigit() and int(raw) >= 10):
+        raise ConfigError(f"{REPORT_LEASE_ENV} must be a whole number of seconds, at least 10, not {raw!r}")
+    return int(raw)

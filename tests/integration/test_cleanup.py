@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from coldharbor import pg, registry
+from coldharbor import pg, registry, report_runs
 from coldharbor.cleanup import CleanupConfig, main as cleanup_main, run as cleanup_run
 from coldharbor.compaction import CompactionConfig, compact_table
 from coldharbor.errors import ConfigError
+from coldharbor.report_runs import RunRecord
 from coldharbor import lake
 from tests.helpers import (dirty_ids, export, lake_live, pg_rows, report_run, serve_report,
                            spark_submit_export)
@@ -171,13 +172,14 @@ def test_eviction_waits_for_reports_still_running(spark, pg_dsn, pg_conn, table_
     export(spark, pg_dsn, table_name, lake_root)
     pg_conn.execute("UPDATE coldharbor.change_log SET created_at = created_at - interval '2 hours', "
                     "flushed_at = flushed_at - interval '90 minutes' WHERE table_id = %s", (table.table_id,))
-    pg_conn.execute("INSERT INTO coldharbor.report_runs (run_id, report, mode, started_at) "
-                    "VALUES (%s, 'slow', 'strict', now() - interval '3 hours')", (f"slow-{table_name}",))
-    try:
+    slow = RunRecord(f"slow-{table_name}", "slow", None, "postgres", "strict", None)
+    with pg.connect(pg_dsn) as running:  # a report running (its session holds the run's lease)
+        report_runs.start(running, slow)
+        pg_conn.execute("UPDATE coldharbor.report_runs SET started_at = now() - interval '3 hours' "
+                        "WHERE run_id = %s", (slow.run_id,))
         [held] = cleanup(spark, pg_dsn, lake_root, table_name, retention=timedelta(hours=3))
         assert held.evicted_rows == 0
-    finally:
-        pg_conn.execute("DELETE FROM coldharbor.report_runs WHERE run_id = %s", (f"slow-{table_name}",))
+        report_runs.succeed(running, slow)
     [done] = cleanup(spark, pg_dsn, lake_root, table_name, retention=timedelta(hours=3))
     assert done.evicted_rows == 1
 

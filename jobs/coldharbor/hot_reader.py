@@ -14,6 +14,7 @@ from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 
 from coldharbor import faults
+from coldharbor.errors import ReportError
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ
 from coldharbor.pg import JdbcTarget
 from coldharbor.registry import LakeColumn, RegisteredTable
@@ -36,13 +37,27 @@ def column_expr(column: LakeColumn) -> sql.Composable:
     return sql.SQL("{} AS {}").format(expr, sql.Identifier(column.name))
 
 
+def commit_times_tracked(conn: psycopg.Connection) -> bool:
+    """Whether the server runs with track_commit_timestamp = on."""
+    return conn.execute("SELECT current_setting('track_commit_timestamp')::bool").fetchone()[0]
+
+
 def change_time(conn: psycopg.Connection) -> sql.Composable:
     """When a change_log row's change happened: its commit time when the server tracks commit
     timestamps (as-of reports need it), else the start of its transaction."""
-    tracked = conn.execute("SELECT current_setting('track_commit_timestamp')::bool").fetchone()[0]
-    if tracked:
+    if commit_times_tracked(conn):
         return sql.SQL("coalesce(pg_xact_commit_timestamp(xmin), created_at)")
     return sql.SQL("created_at")
+
+
+def require_commit_times(conn: psycopg.Connection) -> None:
+    """As-of reads place each change at its commit: without commit timestamps a change's time is
+    its transaction's start, and a transaction that committed after the instant would be counted."""
+    if not commit_times_tracked(conn):
+        raise ReportError("as-of reports need PostgreSQL's track_commit_timestamp = on, and it is off (change "
+                          "times would be transaction starts: a transaction committed after the instant could be "
+                          "counted in); set track_commit_timestamp = on in postgresql.conf (or start the server "
+                          "with -c track_commit_timestamp=on) and restart PostgreSQL; nothing was written")
 
 
 def key_match(columns: Sequence[LakeColumn]) -> sql.Composable:

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import psycopg
 
-from coldharbor import pg, registry, registry_cache, report_runs, report_spec, settings
+from coldharbor import hot_reader, pg, registry, registry_cache, report_runs, report_spec, settings
 from coldharbor.errors import ColdharborError, PostgresUnavailableError, ReportError
 from coldharbor.report_runs import RunRecord
 from coldharbor.serve import (MODES, ServeConfig, default_run_id, history_window, serve, serve_lake_only,
@@ -115,6 +115,8 @@ def refusal(argv: list[str], dsn: str) -> str | None:
             config = build_config(args, record.run_id)
             record.target, record.sink, record.as_of = config.target, config.sink, config.as_of
             validate_report(config.report, registry.load(conn))
+            if config.as_of is not None:
+                hot_reader.require_commit_times(conn)
         except ColdharborError as exc:
             _record_failure(conn, record, str(exc))
             return str(exc)
@@ -145,6 +147,8 @@ def main(argv: list[str]) -> int:
         record.target, record.sink, record.as_of = config.target, config.sink, config.as_of
         # Refused here, the run is recorded as failed in one statement and no JVM starts.
         checked = validate_report(config.report, registry.load(conn) if conn is not None else None)
+        if conn is not None and config.as_of is not None:
+            hot_reader.require_commit_times(conn)
         if conn is not None:
             report_runs.start(conn, record)  # from here on, a failure is recorded too
         from coldharbor.spark import get_session

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,30 @@ def test_the_compose_client_accepts_the_file():
     done = subprocess.run([*client, "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True,
                           cwd=PROJECT, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def commit_timestamps_on(command: list[str]) -> bool:
+    """Whether a postgres command line turns track_commit_timestamp on (`-c name=on` or `--name=on`)."""
+    args = [str(a) for a in command]
+    settings = [b for a, b in pairwise(args) if a == "-c"] + [a[2:] for a in args if a.startswith("--")]
+    return "track_commit_timestamp=on" in settings
+
+
+def test_the_hot_tier_tracks_commit_timestamps(stack):
+    """As-of reports place each change at its commit; without the setting serve_report refuses
+    them. Checked in the file and in the compose client's resolved configuration."""
+    postgres = stack["services"]["postgres"]
+    assert postgres["command"][0] == "postgres" and commit_timestamps_on(postgres["command"])
+    client = compose_client()
+    if client is None:
+        why = "no docker compose client: `make compose-client` installs Debian's docker-compose"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    done = subprocess.run([*client, "-f", str(COMPOSE), "config"], capture_output=True, text=True, cwd=PROJECT,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert commit_timestamps_on(yaml.safe_load(done.stdout)["services"]["postgres"]["command"])
 
 
 def test_the_stack_has_every_service_the_design_names(stack):

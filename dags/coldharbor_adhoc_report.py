@@ -1,10 +1,11 @@
 """coldharbor_adhoc_report: an analyst's report, triggered by hand from the UI's form.
 
-Give a report defined in sql/reports/ or one SELECT over registered tables, a target table named
-adhoc_*, a mode and optionally a time to answer as of. The form's JSON schema refuses malformed
-values before a run is created; the job refuses SQL that is not one SELECT on the report sandbox's
-allow-list (and a report and SQL given together) with one clear line in the task log, before its
-Spark session starts.
+Give either a report defined in sql/reports/ (with its parameters' defaults) or one SELECT over
+registered tables, a target table named adhoc_* (a chosen report writes there too, not to its
+scheduled table), a mode and optionally a time to answer as of. The form's JSON schema refuses
+malformed values before a run is created. The form checks each field on its own, so giving both a
+report and SQL, or neither, is refused by the run before spark-submit starts, with one clear line;
+so is SQL that is not one SELECT on the report sandbox's allow-list.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from coldharbor_airflow.operators import ColdharborSparkJobOperator
 from coldharbor_airflow.reports import report_specs
 from coldharbor_common import SPARK_POOL, START, default_args
 
+# Both or neither of report and SQL reach the job as given: its command line refuses either case
+# (one of --report/--sql, never both) before a JVM starts.
 ARGS = (
     "{% set p = params %}"
-    "{{ (['--report', p.report] if p.report else ['--sql', p.sql])"
+    "{{ (['--report', p.report] if p.report else []) + (['--sql', p.sql] if p.sql else [])"
     " + ['--target', p.target, '--mode', p.mode, '--run-id', 'adhoc-' ~ run_id]"
     " + (['--as-of', p.as_of] if p.as_of else []) }}"
 )
@@ -37,7 +40,7 @@ ARGS = (
         "sql": Param(None, type=["null", "string"], minLength=1, maxLength=20000,
                      description="one SELECT over registered tables (when no report is chosen)"),
         "target": Param("adhoc_result", type="string", pattern=r"^adhoc_[a-z0-9_]{1,40}$",
-                        description="report table in the reports schema: adhoc_<name>"),
+                        description="report table in the reports schema: adhoc_<name> (also for a chosen report)"),
         "mode": Param("strict", type="string", enum=["strict", "best_effort"]),
         # format gives the form its date picker; the pattern enforces it (jsonschema checks formats
         # only with optional packages).

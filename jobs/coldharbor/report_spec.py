@@ -14,6 +14,7 @@ Targets come from an allow-list: the targets the report files declare, plus `adh
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from coldharbor.errors import ReportError
+
+log = logging.getLogger(__name__)
 
 REPORTS_SCHEMA = "reports"
 SINKS = ("postgres", "delta")
@@ -189,15 +192,54 @@ def parse_report(text: str, default_name: str, source: str | None = None) -> Rep
                       source=source)
 
 
-def load_reports(folder: Path) -> dict[str, ReportSpec]:
-    """Every report under `folder` (one per .sql file), by name."""
+@dataclass(frozen=True)
+class ReportFiles:
+    """The report files of a folder: the well-formed ones by report name, and what is wrong with
+    each of the others, by file."""
+
+    reports: dict[str, ReportSpec]
+    errors: dict[str, str]
+
+
+def read_report_files(folder: Path) -> ReportFiles:
+    """Every .sql file under `folder`, each parsed on its own: one malformed file (a bad header,
+    not UTF-8, a report name another file took) is an error of that file only."""
     reports: dict[str, ReportSpec] = {}
+    errors: dict[str, str] = {}
     for path in sorted(folder.glob("*.sql")):
-        spec = parse_report(path.read_text(), path.stem, str(path))
+        try:
+            spec = parse_report(path.read_text(encoding="utf-8"), path.stem, str(path))
+        except UnicodeDecodeError:
+            errors[str(path)] = "is not UTF-8 text"
+            continue
+        except OSError as exc:
+            errors[str(path)] = f"cannot be read: {exc.strerror or exc}"
+            continue
+        except ReportError as exc:
+            errors[str(path)] = str(exc).removeprefix(f"{path}: ")
+            continue
         if spec.name in reports:
-            raise ReportError(f"two report files define report {spec.name}")
+            errors[str(path)] = f"defines report {spec.name}, which {reports[spec.name].source} defines already"
+            continue
         reports[spec.name] = spec
-    return reports
+    return ReportFiles(reports, errors)
+
+
+def load_reports(folder: Path) -> dict[str, ReportSpec]:
+    """Every well-formed report under `folder` (one per .sql file), by name; a malformed file is
+    left out (logged), so it breaks only its own report."""
+    files = read_report_files(folder)
+    for path, error in files.errors.items():
+        log.warning("report file %s is left out: %s", path, error)
+    return files.reports
+
+
+def missing_report(name: str, folder: Path, reports: Mapping[str, ReportSpec]) -> str:
+    """Why no report `name` can be served: its file is malformed (and how), or there is none."""
+    for path, error in read_report_files(folder).errors.items():
+        if Path(path).stem == name:
+            return f"report file {path} cannot be served: {error}"
+    return f"no report named {name!r} under {folder} (known: {', '.join(sorted(reports)) or 'none'})"
 
 
 def allowed_targets(reports: Mapping[str, ReportSpec]) -> set[str]:
@@ -205,13 +247,16 @@ def allowed_targets(reports: Mapping[str, ReportSpec]) -> set[str]:
 
 
 def check_target(target: str, report: ReportSpec | None, reports: Mapping[str, ReportSpec]) -> str:
-    """The allow-list: a report file writes its declared target; ad-hoc SQL writes adhoc_* only."""
+    """The allow-list: a report file writes its declared target, or an adhoc_* table when run ad
+    hoc (with other parameters, as of another time); ad-hoc SQL writes adhoc_* only."""
     name = target_name(target)
     if report is not None and report.source is not None:
-        if name != report.target:
-            raise ReportError(f"report {report.name} writes {REPORTS_SCHEMA}.{report.target}, not {name}")
-        return name
+        if name != report.target and not name.startswith(ADHOC_PREFIX):
+            raise ReportError(f"report {report.name} writes {REPORTS_SCHEMA}.{report.target} (or an "
+                              f"{ADHOC_PREFIX}* table when run ad hoc), not {name}")
+        if name == report.target:
+            return name
     if not name.startswith(ADHOC_PREFIX) or name in allowed_targets(reports):
-        raise ReportError(f"target {name!r} is not allowed for ad-hoc SQL: use a name starting with "
+        raise ReportError(f"target {name!r} is not allowed for an ad-hoc run: use a name starting with "
                           f"{ADHOC_PREFIX!r} that no report file declares")
     return name

@@ -71,8 +71,7 @@ def build_config(args: argparse.Namespace, run_id: str) -> ServeConfig:
     reports = report_spec.load_reports(settings.REPORTS_DIR)
     if args.report is not None:
         if args.report not in reports:
-            raise ReportError(f"no report named {args.report!r} under {settings.REPORTS_DIR} "
-                              f"(known: {', '.join(sorted(reports)) or 'none'})")
+            raise ReportError(report_spec.missing_report(args.report, settings.REPORTS_DIR, reports))
         report = reports[args.report]
     else:
         report = report_spec.parse_report(args.sql, "adhoc")

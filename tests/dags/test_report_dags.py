@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -26,12 +27,15 @@ def dagbag():
 
 def use_reports(monkeypatch, folder):
     """Point the DAG file and the jobs at a folder of report files."""
+    import coldharbor.settings as job_settings
     import coldharbor_airflow.paths as paths
     import coldharbor_airflow.reports as report_module
 
     monkeypatch.setenv("COLDHARBOR_REPORTS_DIR", str(folder))
     monkeypatch.setattr(paths, "REPORTS_DIR", folder)
     monkeypatch.setattr(report_module, "REPORTS_DIR", folder)
+    # The operator checks a report in the worker (this process) before spark-submit, with the jobs' settings.
+    monkeypatch.setattr(job_settings, "REPORTS_DIR", folder)
 
 
 def test_report_dags_follow_their_headers(airflow_home, tmp_path, monkeypatch):
@@ -122,3 +126,64 @@ def test_a_run_triggered_by_hand_serves_the_report_now(airflow_home, spark, pg_d
     recorded = pg_conn.execute("SELECT as_of, state FROM coldharbor.report_runs WHERE report = %s",
                                (name,)).fetchone()
     assert recorded == (None, "succeeded")
+
+
+def test_a_malformed_report_file_breaks_only_its_own_dag(airflow_home, spark, pg_dsn, pg_conn, table_name,
+                                                         tmp_path, monkeypatch):
+    """A bad header, a bad cron and a file that is not UTF-8, beside a good report: Airflow shows
+    one import error naming each bad file (in a file holding no DAG, since an import error marks
+    every DAG of its file stale); every other DAG loads, and the good report still runs."""
+    name, lake_root = report_over_new_table(pg_conn, table_name, tmp_path, monkeypatch, "v")
+    reports = tmp_path / "reports"
+    (reports / "bad_header.sql").write_text("-- colour: red\nSELECT 1 AS x FROM t\n")
+    (reports / "bad_cron.sql").write_text("-- schedule: every minute\nSELECT 1 AS x FROM t\n")
+    (reports / "not_utf8.sql").write_bytes("-- description: caf\xe9\nSELECT 1 AS x FROM t\n".encode("latin-1"))
+
+    bag = dagbag()
+    [(error_file, error)] = bag.import_errors.items()
+    assert error_file.endswith("coldharbor_report_files.py")
+    assert f"{reports / 'bad_header.sql'}: unknown header 'colour'" in error
+    assert f"{reports / 'bad_cron.sql'}: schedule 'every minute' is not a cron expression or preset" in error
+    assert f"{reports / 'not_utf8.sql'}: is not UTF-8 text" in error
+    assert {f"coldharbor_report_{name}", "coldharbor_adhoc_report", "coldharbor_cdc"} <= set(bag.dags)
+    assert not {f"coldharbor_report_{bad}" for bad in ("bad_header", "bad_cron", "not_utf8")} & set(bag.dags)
+    assert not {PROJECT / "dags" / Path(dag.fileloc).name for dag in bag.dags.values()} & {
+        PROJECT / "dags" / Path(error_file).name}
+    assert bag.dags["coldharbor_adhoc_report"].params.get_param("report").schema["enum"] == [None, name]
+
+    export(spark, pg_dsn, table_name, lake_root)
+    run = bag.dags[f"coldharbor_report_{name}"].test(logical_date=None, run_conf={"floor": 3})
+    assert run.state == "success", [(ti.task_id, ti.state) for ti in run.get_task_instances()]
+    assert pg_rows(pg_conn, f"SELECT * FROM reports.{name}", ["id"]) == pg_rows(
+        pg_conn, f"SELECT id, v FROM {table_name} WHERE id > 3", ["id"])
+
+
+def test_the_adhoc_form_runs_a_chosen_report_into_its_adhoc_target(airflow_home, spark, pg_dsn, pg_conn, table_name,
+                                                                  tmp_path, monkeypatch):
+    name, lake_root = report_over_new_table(pg_conn, table_name, tmp_path, monkeypatch, "v")
+    export(spark, pg_dsn, table_name, lake_root)
+    target = f"adhoc_{table_name}"
+    run = dagbag().dags["coldharbor_adhoc_report"].test(run_conf={"report": name, "target": target})
+    assert run.state == "success", [(ti.task_id, ti.state) for ti in run.get_task_instances()]
+    assert pg_rows(pg_conn, f"SELECT * FROM reports.{target}", ["id"]) == pg_rows(
+        pg_conn, f"SELECT id, v FROM {table_name} WHERE id > 0", ["id"])  # the report, its parameter's default
+    assert pg_conn.execute("SELECT to_regclass(%s)", (f"reports.{name}",)).fetchone()[0] is None  # not its table
+
+
+@pytest.mark.parametrize("given, refusal", [
+    ({}, "one of the arguments --report --sql is required"),
+    ({"sql": "SELECT 1 AS x FROM {t}", "report": "{r}"}, "argument --sql: not allowed with argument --report"),
+], ids=["neither", "both"])
+def test_the_adhoc_form_refuses_neither_or_both_before_spark_starts(airflow_home, pg_conn, table_name, tmp_path,
+                                                                    monkeypatch, capfd, given, refusal):
+    from coldharbor_airflow.operators import ColdharborSparkJobOperator
+
+    name, _ = report_over_new_table(pg_conn, table_name, tmp_path, monkeypatch, "v")
+    submitted = []
+    monkeypatch.setattr(ColdharborSparkJobOperator, "prepared_submit", lambda self: submitted.append(1))
+    conf = {key: value.format(t=table_name, r=name) for key, value in given.items()}
+    run = dagbag().dags["coldharbor_adhoc_report"].test(run_conf={**conf, "target": "adhoc_refused"})
+    assert run.state == "failed"
+    output = "".join(capfd.readouterr())
+    assert refusal in output and "refused the report before Spark started" in output
+    assert "TypeError" not in output and submitted == []

@@ -11,7 +11,7 @@ import pytest
 
 from coldharbor import settings
 from coldharbor.errors import ReportError
-from coldharbor.report_spec import check_target, load_reports, parse_report
+from coldharbor.report_spec import check_target, load_reports, missing_report, parse_report, read_report_files
 
 REPORT = """-- report: revenue
 -- target: reports.revenue_by_day
@@ -73,8 +73,14 @@ def test_malformed_headers_are_refused(text, message):
 def test_targets_come_from_the_allow_list():
     reports = {"revenue": parse_report(REPORT, "revenue", "revenue.sql")}
     assert check_target("reports.revenue_by_day", reports["revenue"], reports) == "revenue_by_day"
-    with pytest.raises(ReportError, match="writes reports.revenue_by_day, not other"):
+    with pytest.raises(ReportError, match=r"writes reports.revenue_by_day \(or an adhoc_\* table when run ad hoc\), "
+                                          "not other"):
         check_target("other", reports["revenue"], reports)
+    # Run ad hoc (the ad-hoc DAG's form), a report file writes an adhoc_* table no report file declares.
+    assert check_target("adhoc_revenue", reports["revenue"], reports) == "adhoc_revenue"
+    other = {**reports, "taken": parse_report("-- target: adhoc_taken\nSELECT 1", "taken", "taken.sql")}
+    with pytest.raises(ReportError, match="not allowed for an ad-hoc run"):
+        check_target("adhoc_taken", reports["revenue"], other)
     adhoc = parse_report("SELECT 1 FROM orders", "adhoc")
     assert check_target("adhoc_mine", adhoc, reports) == "adhoc_mine"
     for refused in ("revenue_by_day", "mine", "adhoc_Mine", "adhoc_x; drop table y", "pg_catalog.adhoc_x"):
@@ -89,11 +95,26 @@ def test_the_shipped_reports_parse():
         spec.bind({})  # every shipped parameter has a valid default
 
 
-def test_two_files_with_one_report_name_are_refused(tmp_path: Path):
+def test_a_second_file_with_a_taken_report_name_is_left_out_naming_both(tmp_path: Path):
     (tmp_path / "a.sql").write_text("-- report: same\nSELECT 1")
     (tmp_path / "b.sql").write_text("-- report: same\nSELECT 2")
-    with pytest.raises(ReportError, match="two report files define report same"):
-        load_reports(tmp_path)
+    files = read_report_files(tmp_path)
+    assert files.reports["same"].sql == "SELECT 1"
+    assert files.errors == {str(tmp_path / "b.sql"): f"defines report same, which {tmp_path / 'a.sql'} defines already"}
+
+
+def test_one_malformed_report_file_breaks_only_its_own_report(tmp_path: Path):
+    (tmp_path / "good.sql").write_text("-- schedule: @hourly\nSELECT 1 AS x FROM t")
+    (tmp_path / "bad_header.sql").write_text("-- colour: red\nSELECT 1")
+    (tmp_path / "latin1.sql").write_bytes("-- report: caf\xe9\nSELECT 1".encode("latin-1"))
+    files = read_report_files(tmp_path)
+    assert set(files.reports) == {"good"} and set(load_reports(tmp_path)) == {"good"}
+    assert files.errors == {str(tmp_path / "bad_header.sql"): "unknown header 'colour' (known: report, target, sink, "
+                                                               "schedule, start, param, description)",
+                            str(tmp_path / "latin1.sql"): "is not UTF-8 text"}
+    assert missing_report("latin1", tmp_path, files.reports) == f"report file {tmp_path / 'latin1.sql'} cannot be " \
+                                                                 "served: is not UTF-8 text"
+    assert missing_report("nope", tmp_path, files.reports) == f"no report named 'nope' under {tmp_path} (known: good)"
 
 
 def test_a_start_date_makes_the_schedule_catch_up_and_a_bad_one_is_refused():

@@ -33,11 +33,22 @@ def test_every_dag_imports_without_errors(airflow_home):
 def test_every_dag_has_tags_an_owner_retries_and_timeouts(airflow_home):
     for dag_id, dag in load(airflow_home).dags.items():
         assert dag.tags, dag_id
-        assert dag.max_active_runs >= 1
         for task in dag.tasks:
             assert task.owner == "coldharbor", (dag_id, task.task_id)
             assert task.retries >= 1, (dag_id, task.task_id)
             assert task.execution_timeout is not None, (dag_id, task.task_id)
+
+
+def test_every_writer_dag_runs_once_at_a_time_and_the_adhoc_form_four(airflow_home):
+    """Invariant 9's second half: each DAG that writes a table's lake, hot tier or report table
+    declares max_active_runs=1 (Airflow's default is 16 runs at once); only the ad-hoc form,
+    whose runs each write their own adhoc_* target, allows four."""
+    dags = load(airflow_home).dags
+    runs = {dag_id: dag.max_active_runs for dag_id, dag in dags.items()}
+    expected = {dag_id: 4 if dag_id == "coldharbor_adhoc_report" else 1 for dag_id in dags}
+    assert runs == expected
+    assert {"coldharbor_cdc", "coldharbor_compaction", "coldharbor_cleanup", "coldharbor_resync",
+            "coldharbor_report_demo_orders_by_status"} <= set(runs)
 
 
 def test_the_export_dag_runs_every_minute_once_at_a_time_in_the_spark_pool(airflow_home):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
 from delta.tables import DeltaTable
+from pyspark.sql import functions as F
 
 from coldharbor import lake, pg
 from tests.helpers import dirty_ids, export, lake_live, lake_table, pg_rows
@@ -255,25 +257,39 @@ def test_commit_waits_for_the_lake_commit_lock_where_the_store_needs_it(spark, p
     assert dirty_ids(pg_conn, table_name) == []
 
 
-def test_oldest_change_time_is_recorded_in_utc_whatever_the_local_zone(spark, pg_dsn, pg_conn, table_name,
-                                                                       lake_root, monkeypatch):
+def test_change_and_export_times_are_recorded_in_utc_whatever_the_local_zone(spark, pg_dsn, pg_conn, table_name,
+                                                                             lake_root, monkeypatch):
+    """The export runs with the Python process in New York (PySpark converts naive and returned
+    timestamps in its zone); every time it records must still be the instant, checked against
+    this process's own clock read around the change and around the export (not against another
+    value PostgreSQL computes the same way): a time recorded in local time is 5 hours off."""
     import time
 
     make_table(pg_conn, table_name)
+    slack = timedelta(milliseconds=1)  # PostgreSQL and Python read one clock, each to the microsecond
+    before_change = datetime.now(timezone.utc)
     pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")
-    monkeypatch.setenv("TZ", "America/New_York")  # PySpark hands timestamps back in this zone
+    after_change = datetime.now(timezone.utc)
+    monkeypatch.setenv("TZ", "America/New_York")
     time.tzset()
     try:
+        before_export = datetime.now(timezone.utc)
         export(spark, pg_dsn, table_name, lake_root)
+        after_export = datetime.now(timezone.utc)
     finally:
         monkeypatch.setenv("TZ", "UTC")
         time.tzset()
-    recorded, actual = pg_conn.execute(
-        """SELECT b.oldest_change_at, (SELECT min(created_at) FROM coldharbor.change_log c
-                                       WHERE c.table_id = b.table_id)
-           FROM coldharbor.export_batches b JOIN coldharbor.tables t USING (table_id)
-           WHERE t.table_name = %s""", (table_name,)).fetchone()
-    assert abs((recorded - actual).total_seconds()) < 0.001
+    oldest = pg_conn.execute("""SELECT b.oldest_change_at FROM coldharbor.export_batches b
+                                JOIN coldharbor.tables t USING (table_id) WHERE t.table_name = %s""",
+                             (table_name,)).fetchone()[0]
+    assert before_change - slack <= oldest <= after_change + slack
+    # Epoch seconds from Spark: no zone conversion on the way back into this test.
+    row = lake_table(spark, lake_root, table_name).select(
+        F.col("_ch_changed_at").cast("double"), F.col("_ch_first_changed_at").cast("double"),
+        F.col("_ch_exported_at").cast("double")).first()
+    changed, first_changed, exported = (datetime.fromtimestamp(v, timezone.utc) for v in row)
+    assert before_change - slack <= first_changed <= changed <= after_change + slack
+    assert before_export - slack <= exported <= after_export + slack
 
 
 def test_a_batch_commit_is_found_behind_newer_commits(spark, lake_root):

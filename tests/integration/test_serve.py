@@ -28,11 +28,17 @@ def make_orders(conn, name: str, rows: int = 100) -> None:
                      FROM generate_series(1, {rows}) g""")
 
 
-def evict(conn, name: str, where: str) -> None:
-    """What hot-tier eviction does: delete rows without logging a change."""
+def evict(conn, name: str, where: str) -> int:
+    """Hot-tier eviction as cleanup runs it, coldharbor.evict() (which logs no change), of the
+    exported rows matching `where`: their changes are dated two hours back (the controlled clock)
+    and the cutoff is one hour back, so exactly those rows qualify. Returns how many went."""
+    [table] = registry.load(conn, name)
+    conn.execute(f"""UPDATE coldharbor.change_log SET created_at = created_at - interval '2 hours',
+                            flushed_at = flushed_at - interval '2 hours'
+                      WHERE table_id = %s AND key IN (SELECT jsonb_build_object('id', id) FROM {name} WHERE {where})""",
+                 (table.table_id,))
     with conn.transaction():
-        conn.execute("SET LOCAL session_replication_role = replica")  # capture triggers do not fire
-        conn.execute(f"DELETE FROM {name} WHERE {where}")
+        return conn.execute("SELECT coldharbor.evict(%s, now() - interval '1 hour')", (table.table_id,)).fetchone()[0]
 
 
 def report_rows(conn, target: str) -> dict:
@@ -49,7 +55,10 @@ def test_every_row_of_the_scenario_table_is_served_once_with_its_latest_value(
     export(spark, pg_dsn, table_name, lake_root)
     pg_conn.execute(f"UPDATE {table_name} SET status = 'paid', amount = amount + 1 WHERE id <= 10")  # updated
     pg_conn.execute(f"DELETE FROM {table_name} WHERE id BETWEEN 11 AND 20")                      # deleted
-    evict(pg_conn, table_name, "id BETWEEN 21 AND 30")                                          # evicted
+    logged = pg_conn.execute("SELECT count(*) FROM coldharbor.change_log").fetchone()[0]
+    assert evict(pg_conn, table_name, "id BETWEEN 21 AND 30") == 10                             # evicted
+    assert pg_conn.execute(f"SELECT count(*) FROM {table_name} WHERE id BETWEEN 21 AND 30").fetchone()[0] == 0
+    assert pg_conn.execute("SELECT count(*) FROM coldharbor.change_log").fetchone()[0] == logged  # no change logged
     pg_conn.execute(f"INSERT INTO {table_name} VALUES (1001, 'hot only', 5, 'new')")             # only in PG
     expected = pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
     expected.update({(i,): {"id": i, "customer": f"c{i % 7}", "amount": (i * 1.25), "status": "new"}

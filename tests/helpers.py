@@ -57,6 +57,14 @@ def _normal(value):
     return value
 
 
+def evict(admin: psycopg.Connection, name: str, where: str) -> None:
+    """What hot-tier eviction does, for any rows: delete them without logging a change. Only a
+    superuser can (replica mode, in which capture triggers do not fire); `admin` is set-up's login."""
+    with admin.transaction():
+        admin.execute("SET LOCAL session_replication_role = replica")
+        admin.execute(f"DELETE FROM {name} WHERE {where}")
+
+
 def dirty_ids(conn: psycopg.Connection, name: str) -> list[int]:
     schema, table = registry.split_name(name)
     return [r[0] for r in conn.execute(

@@ -78,6 +78,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         if not acquired:
             log.info("skipped %s: another export of this table holds its lock", table.qualified_name)
             return TableResult(table.qualified_name, "skipped")
+        registry.require_privileges(conn, table)
         path = table.lake_path(config.lake_root)
         recovered = recover_pending(spark, conn, table, path)
         if not hot_reader.has_dirty(conn, table.table_id):
@@ -175,6 +176,8 @@ def main(argv: list[str]) -> int:
             if not todo:
                 log.info("nothing dirty in %s registered table(s); no Spark session started", len(tables))
                 return 0
+            for table in todo:
+                registry.require_privileges(conn, table)  # refuse before Spark starts
             from coldharbor.spark import get_session
 
             spark = get_session("coldharbor-cdc-export")

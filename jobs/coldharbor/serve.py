@@ -173,6 +173,8 @@ def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, confi
     """The whole read with both tiers reachable (or the lake missing in best-effort mode)."""
     checked = sql_guard.check_query(config.report.sql, registry.load(conn))
     check_parameters(checked, config.report)
+    for table in checked.tables:
+        registry.require_privileges(conn, table)
     hot_only = False
     try:
         pinned = pin_versions(spark, checked.tables, config.lake_root)

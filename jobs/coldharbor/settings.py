@@ -10,7 +10,9 @@ from pathlib import Path
 
 from coldharbor.errors import ConfigError
 
-PG_DSN_ENV = "COLDHARBOR_PG_DSN"
+PG_DSN_ENV = "COLDHARBOR_PG_DSN"               # the jobs' login: coldharbor_pipeline, never a superuser
+ADMIN_PG_DSN_ENV = "COLDHARBOR_ADMIN_PG_DSN"   # set-up only (migrations, demo): a superuser or an admin
+PIPELINE_PASSWORD_ENV = "COLDHARBOR_PIPELINE_PASSWORD"   # set-up sets coldharbor_pipeline's password from it
 LAKE_ROOT_ENV = "COLDHARBOR_LAKE_ROOT"
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
@@ -46,8 +48,13 @@ def require_env(name: str) -> str:
 
 
 def pg_dsn() -> str:
-    """The hot tier's libpq connection string (URL or key=value form)."""
+    """The hot tier's libpq connection string (URL or key=value form), as the jobs' role."""
     return require_env(PG_DSN_ENV)
+
+
+def admin_pg_dsn() -> str:
+    """The set-up connection string (migrations, the demo): never given to a job."""
+    return require_env(ADMIN_PG_DSN_ENV)
 
 
 def lake_root(explicit: str | None = None) -> str:

@@ -69,7 +69,8 @@ class Held:
 class Run:
     seed: int
     spark: object
-    dsn: str
+    dsn: str             # the jobs' login (coldharbor_pipeline)
+    admin_dsn: str       # set-up's: the table, its registration and the application's writes
     lake_root: str
     rng: random.Random = field(init=False)
     model: Model = field(default_factory=Model)
@@ -85,7 +86,7 @@ class Run:
         self.rng = random.Random(self.seed)
         self.table = f"public.cs_{self.seed}_{uuid.uuid4().hex[:6]}"
         self.target = f"adhoc_cs_{self.table.split('.')[1]}"
-        self.conn = pg.connect(self.dsn)
+        self.conn = pg.connect(self.admin_dsn)
         self.conn.execute(f"CREATE TABLE {self.table} (id int PRIMARY KEY, v text)")
         # A hot retention of a millisecond: cleanup evicts every flushed, unchanged row.
         self.conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => interval '1 millisecond')",
@@ -177,7 +178,7 @@ class Run:
     def hold_open(self, step: int) -> None:
         if self.held is not None:
             return
-        conn = pg.connect(self.dsn, autocommit=False)
+        conn = pg.connect(self.admin_dsn, autocommit=False)
         kind = self.rng.choice(("insert", "update", "delete", "bulk_update"))
         writes = self.write(kind, conn)
         self.held = Held(conn, writes, {k for _, k, _ in writes}, step + self.rng.randint(2, 6))
@@ -201,7 +202,7 @@ class Run:
 
         def hook(point: str) -> None:
             if point == writer_at:
-                with pg.connect(self.dsn) as other, other.transaction():
+                with pg.connect(self.admin_dsn) as other, other.transaction():
                     made.extend(self.write(kind, other))
 
         result = export(self.spark, self.dsn, self.table, self.lake_root, hook)
@@ -410,9 +411,11 @@ class Outcome:
     trace: list[str]
 
 
-def run_sequence(seed: int, steps: int, crash_points: list[str], *, spark, dsn: str, workdir: Path) -> Outcome:
-    """One seeded sequence of `steps` random steps with the given crash points spread over it."""
-    run = Run(seed, spark, dsn, str(workdir / f"lake-{seed}"))
+def run_sequence(seed: int, steps: int, crash_points: list[str], *, spark, dsn: str, admin_dsn: str,
+                 workdir: Path) -> Outcome:
+    """One seeded sequence of `steps` random steps with the given crash points spread over it: the jobs
+    run as `dsn` (the pipeline's login), the application writes as `admin_dsn`."""
+    run = Run(seed, spark, dsn, admin_dsn, str(workdir / f"lake-{seed}"))
     rng = random.Random(seed * 7919)
     slots = sorted(rng.sample(range(2, steps), len(crash_points))) if crash_points else []
     crash_at = dict(zip(slots, crash_points))

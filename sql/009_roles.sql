@@ -66,6 +66,67 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
                     WHERE xact = pg_current_xact_id() AND table_id = p_table_id)
 $$;
 
+-- Why reading p_table could run code of its owner's as the reader, or NULL: a view runs its functions,
+-- and row-level security policies are evaluated, as whoever reads. The pipeline reads registered
+-- tables (export, reports, purge) and the schema owner reads them (TRUNCATE capture, eviction), so a
+-- registered name must stay a table without row-level security. Readers lock the table first
+-- (ACCESS SHARE conflicts with enabling row-level security, creating policies, dropping the table),
+-- so the answer holds for their transaction.
+CREATE FUNCTION coldharbor.read_refusal(p_table regclass)
+RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN c.relkind NOT IN ('r', 'p') THEN format('%s is not a table (relkind %s)', c.oid::regclass, c.relkind)
+                WHEN c.relrowsecurity THEN format('%s has row-level security', c.oid::regclass) END
+      FROM pg_class c WHERE c.oid = p_table
+$$;
+
+-- Why the schema owner must not delete rows of p_table (eviction, purge), or NULL. Triggers and rules
+-- run as the user whose statement fires them, and row-level security policies are evaluated as the
+-- querying user: a trigger or rule on DELETE, or a policy, that the table's owner put on the table
+-- (or on a partition or child of it) would run its code with the schema owner's privileges. Only the
+-- capture triggers may run there. Callers lock the table first (SHARE UPDATE EXCLUSIVE, which
+-- conflicts with creating, enabling or replacing triggers, rules and policies and with attaching
+-- partitions), so the answer holds until they commit.
+CREATE FUNCTION coldharbor.owner_delete_refusal(p_table regclass)
+RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    WITH RECURSIVE members(relid) AS (
+        SELECT p_table::oid
+        UNION
+        SELECT i.inhrelid FROM pg_inherits i JOIN members m ON i.inhparent = m.relid)
+    SELECT coalesce(
+        coldharbor.read_refusal(p_table),
+        (SELECT format('%s has row-level security', c.oid::regclass)
+           FROM members m JOIN pg_class c ON c.oid = m.relid WHERE c.relrowsecurity LIMIT 1),
+        (SELECT format('trigger %s on %s runs on DELETE', quote_ident(t.tgname), t.tgrelid::regclass)
+           FROM members m JOIN pg_trigger t ON t.tgrelid = m.relid
+          WHERE NOT t.tgisinternal AND (t.tgtype & 8) <> 0     -- TRIGGER_TYPE_DELETE
+            AND t.tgfoid NOT IN (SELECT oid FROM pg_proc WHERE pronamespace = 'coldharbor'::regnamespace
+                                    AND proname ~ '^capture_[0-9]+_(ins|upd|del|trunc)$')
+          LIMIT 1),
+        (SELECT format('rule %s on %s runs on DELETE', quote_ident(r.rulename), r.ev_class::regclass)
+           FROM members m JOIN pg_rewrite r ON r.ev_class = m.relid WHERE r.ev_type = '4' LIMIT 1))
+$$;
+
+-- Raises unless the schema owner may delete rows of p_table (see owner_delete_refusal); takes the lock
+-- that keeps it so.
+CREATE FUNCTION coldharbor.lock_for_owner_delete(p_table regclass)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_refusal text;
+BEGIN
+    EXECUTE format('LOCK TABLE %s IN SHARE UPDATE EXCLUSIVE MODE', p_table);
+    v_refusal := coldharbor.owner_delete_refusal(p_table);
+    IF v_refusal IS NOT NULL THEN
+        RAISE EXCEPTION 'cannot evict from or purge %: %, and eviction and purge delete as the schema owner, '
+                        'whose privileges that code would run with', p_table, v_refusal
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Drop it, or give the table no hot retention and purge it by hand as its owner.';
+    END IF;
+END;
+$$;
+
 -- (Re)creates the capture of one registered table: four trigger functions owned by the schema
 -- owner (SECURITY DEFINER, fixed search_path, no EXECUTE for anyone else) and the statement-level
 -- triggers calling them. It runs as the owner, which holds TRIGGER on every registered table
@@ -131,11 +192,17 @@ BEGIN
             RETURN NULL;
         END $b$$f$, v_prefix, t.table_id, v_first, v_key_o, v_key_n, v_first, v_first, v_join);
 
-    -- TRUNCATE fires no row-level work; log a delete for every key it is about to remove.
+    -- TRUNCATE fires no row-level work; log a delete for every key it is about to remove. Reading the
+    -- table as the schema owner would evaluate row-level security policies as the owner (and see
+    -- only the rows they let it): a table with row-level security cannot be truncated.
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION %s_trunc() RETURNS trigger
         LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $b$
         BEGIN
+            IF (SELECT relrowsecurity FROM pg_class WHERE oid = TG_RELID) THEN
+                RAISE EXCEPTION 'cannot capture TRUNCATE of %%: it has row-level security; delete the rows instead',
+                    TG_RELID::regclass USING ERRCODE = 'feature_not_supported';
+            END IF;
             INSERT INTO coldharbor.change_log (table_id, key, op)
             SELECT %s, %s, 'D' FROM %s o;
             RETURN NULL;
@@ -179,6 +246,7 @@ BEGIN
     v_rel := format('%I.%I', t.schema_name, t.table_name);
     SELECT 'jsonb_build_object(' || string_agg(format('%L, t.%I', c, c), ', ') || ')'
       INTO v_key_t FROM unnest(t.key_columns) AS c;
+    PERFORM coldharbor.lock_for_owner_delete(v_rel::regclass);
 
     -- 1. Lock the candidates. A row being written right now is skipped, not waited for.
     EXECUTE format($q$
@@ -232,6 +300,9 @@ BEGIN
     END IF;
     v_rel := format('%I.%I', t.schema_name, t.table_name);
     SELECT string_agg(format('t.%I = k.%I', c, c), ' AND ') INTO v_match FROM unnest(t.key_columns) AS c;
+    IF t.source_kind <> 'entity' THEN
+        PERFORM coldharbor.lock_for_owner_delete(v_rel::regclass);
+    END IF;
     INSERT INTO coldharbor.capture_suspended (xact, table_id) VALUES (pg_current_xact_id(), t.table_id);
     IF t.source_kind = 'entity' THEN
         RETURN QUERY EXECUTE format($q$

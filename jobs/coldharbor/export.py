@@ -103,6 +103,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         # exports it, the JDBC readers import it, and the intent is recorded in it and committed.
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            registry.guard_read(conn, table)  # before the snapshot; held while the readers read
             snapshot_id = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
             images = hot_reader.read_dirty_images(spark, conn, jdbc, snapshot_id, table, columns)
             hook("after_read")

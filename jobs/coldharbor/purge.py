@@ -103,6 +103,7 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
     result = PurgeResult(table.qualified_name, predicate.text)
     has_lake = lake.pin_version(spark, path) is not None
     with conn.transaction():
+        registry.guard_read(conn, table)
         hot_keys = _delete_hot_rows(conn, table, keys, predicate)
         result.hot_rows_deleted = len(hot_keys)
         all_keys = set(hot_keys)
@@ -183,10 +184,12 @@ def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], 
 def verify(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str, key_names: list[str],
            keys: set[tuple], predicate: Predicate, has_lake: bool) -> dict[str, int]:
     """Counts of purged rows still present; all zero when the purge is complete."""
-    remaining = {
-        "postgres_rows": conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {}").format(
-            table.identifier, sql.SQL(predicate.postgres))).fetchone()[0],
-    }
+    with conn.transaction():
+        registry.guard_read(conn, table)
+        remaining = {
+            "postgres_rows": conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {}").format(
+                table.identifier, sql.SQL(predicate.postgres))).fetchone()[0],
+        }
     if has_lake:
         def matches(rows: DataFrame) -> int:
             hit = F.expr(predicate.spark)

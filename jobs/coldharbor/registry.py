@@ -100,8 +100,9 @@ def lake_columns(conn: psycopg.Connection, table: RegisteredTable) -> list[LakeC
 def require_privileges(conn: psycopg.Connection, table: RegisteredTable, *, deletes: bool = False) -> None:
     """Raises PrivilegeError, naming each missing privilege, unless the job's role may read the table
     and, with `deletes` (eviction, purge), the schema owner that deletes for it may lock and delete
-    its rows. Registration grants all of them; a table registered before the roles existed, or a
-    grant revoked since, lacks them. (A table that no longer exists is left to lake_columns.)"""
+    its rows, and no trigger, rule or policy of the table would run its code as that owner.
+    Registration grants all of them; a table registered before the roles existed, or a grant revoked
+    since, lacks them. (A table that no longer exists is left to lake_columns.)"""
     needed = [(None, "SELECT")] + ([(roles.OWNER, "SELECT"), (roles.OWNER, "DELETE"), (roles.OWNER, "UPDATE")]
                                    if deletes else [])
     missing = []
@@ -122,3 +123,35 @@ def require_privileges(conn: psycopg.Connection, table: RegisteredTable, *, dele
         raise PrivilegeError(
             f"{table.qualified_name}: {'; '.join(missing)} on it, so nothing was done. Registration grants "
             f"these; a table registered before the roles existed, or a grant revoked since, lacks them: {again}")
+    if table.source_kind == "table":
+        refusal = conn.execute("SELECT coldharbor.read_refusal(to_regclass(%s))",
+                               (table.identifier.as_string(conn),)).fetchone()[0]
+        if refusal:
+            raise _cannot_read(table, refusal)
+    if deletes and table.source_kind == "table":
+        refusal = conn.execute("SELECT coldharbor.owner_delete_refusal(to_regclass(%s))",
+                               (table.identifier.as_string(conn),)).fetchone()[0]
+        if refusal:
+            raise PrivilegeError(
+                f"cannot evict from or purge {table.qualified_name}: {refusal}, and eviction and purge delete as the "
+                "schema owner, whose privileges that code would run with; nothing was done. Drop it, or give the "
+                "table no hot retention and purge it by hand as its owner")
+
+
+def guard_read(conn: psycopg.Connection, table: RegisteredTable) -> None:
+    """Locks a registered table for the caller's transaction (ACCESS SHARE) and raises PrivilegeError
+    unless reading it runs no code of its owner's as the job's role: it must still be a table (a view
+    runs its functions as whoever reads it) without row-level security (policies too). Call it first
+    in the transaction that reads the table; the lock keeps the answer true until it ends."""
+    if table.source_kind != "table":
+        return  # entity views and tables are the schema owner's
+    conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(table.identifier))
+    refusal = conn.execute("SELECT coldharbor.read_refusal(%s::regclass)",
+                           (table.identifier.as_string(conn),)).fetchone()[0]
+    if refusal:
+        raise _cannot_read(table, refusal)
+
+
+def _cannot_read(table: RegisteredTable, refusal: str) -> PrivilegeError:
+    return PrivilegeError(f"cannot read {table.qualified_name}: {refusal}, whose code would run as the job's role; "
+                          "nothing was done. A registered table must stay a table without row-level security")

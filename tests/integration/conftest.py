@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from coldharbor import pg
 from tests.entities import HOT, SCHEMA, define
+from tests.helpers import app_login
 
 
 @pytest.fixture()
@@ -16,3 +19,24 @@ def entity(pg_conn) -> str:
     define(pg_conn, name, SCHEMA, HOT)
     pg_conn.execute("SELECT coldharbor.register_entity_schema(%s)", (name,))
     return name
+
+
+@pytest.fixture()
+def app_logins(admin_dsn) -> Iterator[Callable[[], tuple[str, str]]]:
+    """Makes application logins, each with a schema of its own: (name, DSN). At the end of the test
+    the schemas go with their tables, registrations and change rows, so no later job over every
+    registered table meets them."""
+    made: list[str] = []
+
+    def make() -> tuple[str, str]:
+        name, dsn = app_login(admin_dsn)
+        made.append(name)
+        return name, dsn
+
+    yield make
+    with pg.connect(admin_dsn) as admin:
+        for name in made:
+            admin.execute("""DELETE FROM coldharbor.change_log WHERE table_id IN
+                             (SELECT table_id FROM coldharbor.tables WHERE schema_name = %s)""", (name,))
+            admin.execute("DELETE FROM coldharbor.tables WHERE schema_name = %s", (name,))
+            admin.execute(f"DROP SCHEMA {name} CASCADE")

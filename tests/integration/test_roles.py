@@ -4,8 +4,6 @@ the table's owner cannot drop or disable its capture."""
 
 from __future__ import annotations
 
-import uuid
-
 import psycopg
 import pytest
 
@@ -15,20 +13,10 @@ APP_ENTRY_POINTS = {"register_table", "register_table_as_owner", "check_may_regi
                     "put_entity", "delete_entity"}
 
 
-def app_login(admin_dsn: str) -> tuple[str, str]:
-    """A new application login (a member of coldharbor_app) with a schema of its own; (name, DSN)."""
-    name = f"app_{uuid.uuid4().hex[:8]}"
-    password = uuid.uuid4().hex
-    with pg.connect(admin_dsn) as admin:
-        roles.ensure_app_login(admin, name, password)
-        admin.execute(f"CREATE SCHEMA {name} AUTHORIZATION {name}")
-    return name, roles.login_dsn(admin_dsn, name, password)
-
-
 @pytest.fixture()
-def app(admin_dsn) -> tuple[str, psycopg.Connection]:
+def app(app_logins) -> tuple[str, psycopg.Connection]:
     """An application's connection and a table of its own, registered by it: (qualified name, connection)."""
-    schema, dsn = app_login(admin_dsn)
+    schema, dsn = app_logins()
     with pg.connect(dsn) as conn:
         conn.execute(f"CREATE TABLE {schema}.orders (id int PRIMARY KEY, v text)")
         conn.execute("SELECT coldharbor.register_table(%s)", (f"{schema}.orders",))
@@ -119,12 +107,12 @@ def test_functions_have_no_public_execute_and_run_as_the_owner_with_a_fixed_sear
             assert "search_path=pg_catalog, pg_temp" in config, name
 
 
-def test_an_application_cannot_register_a_table_it_does_not_own(app, admin_dsn, pg_conn, table_name):
+def test_an_application_cannot_register_a_table_it_does_not_own(app, app_logins, pg_conn, table_name):
     owner = app[0].split(".")[0]
     pg_conn.execute(f"CREATE TABLE public.{table_name} (id int PRIMARY KEY)")
     pg_conn.execute(f"ALTER TABLE public.{table_name} OWNER TO {owner}")   # another application's table
     victim = f"public.{table_name}"
-    _, other_dsn = app_login(admin_dsn)
+    _, other_dsn = app_logins()
     with pg.connect(other_dsn) as other:
         for call in ("coldharbor.register_table(%s)",
                      "coldharbor.register_table_as_owner(%s, NULL, '{}', '{}', NULL)"):
@@ -177,8 +165,8 @@ def test_the_table_owner_still_alters_and_drops_its_table(app, pg_conn):
     conn.execute(f"DROP TABLE {name}")
 
 
-def test_a_partitioned_table_registers_and_captures(admin_dsn, pg_conn):
-    schema, dsn = app_login(admin_dsn)
+def test_a_partitioned_table_registers_and_captures(app_logins, pg_conn):
+    schema, dsn = app_logins()
     with pg.connect(dsn) as conn:
         conn.execute(f"CREATE TABLE {schema}.events (day date, id int, PRIMARY KEY (day, id)) PARTITION BY RANGE (day)")
         conn.execute(f"CREATE TABLE {schema}.events_2026 PARTITION OF {schema}.events "
@@ -189,8 +177,8 @@ def test_a_partitioned_table_registers_and_captures(admin_dsn, pg_conn):
     assert [op for _, op in changes(pg_conn, f"{schema}.events")] == ["I", "D"]
 
 
-def test_an_application_writes_entities_only_through_the_helpers(admin_dsn, entity, pg_conn):
-    _, dsn = app_login(admin_dsn)
+def test_an_application_writes_entities_only_through_the_helpers(app_logins, entity, pg_conn):
+    _, dsn = app_logins()
     with pg.connect(dsn) as conn:
         row_id = conn.execute("SELECT coldharbor.put_entity(%s, '{\"name\": \"Ann\"}')", (entity,)).fetchone()[0]
         assert conn.execute(f"SELECT name FROM entities.{entity} WHERE row_id = %s", (row_id,)).fetchone() == ("Ann",)

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from coldharbor import cleanup, migrate, pg, registry, roles
+from coldharbor.errors import PrivilegeError
 from tests.helpers import PROJECT, dirty_ids, export, serve_report
 
 
@@ -139,6 +140,82 @@ def test_a_report_over_a_table_the_pipeline_cannot_read_is_refused(spark, pg_dsn
                             (f"refused-{table_name}",)).fetchone()[0]
     assert "role coldharbor_pipeline lacks SELECT" in error
     assert pg_conn.execute("SELECT to_regclass('reports.adhoc_refused')").fetchone()[0] is None
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))  # as it was, for later jobs over all tables
+
+
+def owned_table_with_code(app_logins) -> tuple[str, str, psycopg.Connection]:
+    """An application's registered table (and a partition of it), and a function of the application that,
+    run as the schema owner, would copy the owner-only change log into a table anyone may write.
+    (schema, table, the application's connection)."""
+    schema, dsn = app_logins()
+    app = pg.connect(dsn)
+    app.execute(f"CREATE TABLE {schema}.loot (n bigint)")
+    app.execute(f"GRANT INSERT ON {schema}.loot TO PUBLIC")
+    app.execute(f"CREATE TABLE {schema}.t (part int, id int, PRIMARY KEY (part, id)) PARTITION BY LIST (part)")
+    app.execute(f"CREATE TABLE {schema}.t_1 PARTITION OF {schema}.t FOR VALUES IN (1)")
+    app.execute("SELECT coldharbor.register_table(%s, p_hot_retention => '1 millisecond')", (f"{schema}.t",))
+    app.execute(f"INSERT INTO {schema}.t VALUES (1, 1), (1, 2)")
+    app.execute(f"""CREATE FUNCTION {schema}.steal() RETURNS boolean LANGUAGE plpgsql AS $$
+                    BEGIN INSERT INTO {schema}.loot SELECT count(*) FROM coldharbor.change_log; RETURN true; END $$""")
+    app.execute(f"""CREATE FUNCTION {schema}.steal_on_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+                    BEGIN PERFORM {schema}.steal(); RETURN OLD; END $$""")
+    return schema, f"{schema}.t", app
+
+
+@pytest.mark.parametrize("code, job_says", [
+    ("CREATE TRIGGER steal BEFORE DELETE ON {s}.t_1 FOR EACH ROW EXECUTE FUNCTION {s}.steal_on_delete()",
+     "cannot evict from or purge {t}: trigger steal on {s}.t_1 runs on DELETE"),
+    ("CREATE RULE steal AS ON DELETE TO {s}.t DO ALSO SELECT {s}.steal()",
+     "cannot evict from or purge {t}: rule steal on {t} runs on DELETE"),
+    ("ALTER TABLE {s}.t ENABLE ROW LEVEL SECURITY; CREATE POLICY steal ON {s}.t USING ({s}.steal())",
+     "cannot read {t}: {t} has row-level security"),
+])
+def test_no_code_of_the_table_owner_runs_as_the_schema_owner(app_logins, pg_dsn, pg_conn, lake_root, code,
+                                                            job_says):
+    """Eviction and purge delete as the schema owner; a trigger, rule or policy of the table would run
+    as whoever deletes. They refuse such a table (the job before it starts), TRUNCATE capture refuses
+    one with row-level security, and the code never runs with the owner's privileges."""
+    schema, name, app = owned_table_with_code(app_logins)
+    with app:
+        app.execute(code.format(s=schema))
+        [table] = registry.load(pg_conn, name)
+        with pg.connect(pg_dsn) as pipeline:
+            for call in ("SELECT coldharbor.evict(%s, clock_timestamp())",
+                         "SELECT coldharbor.purge_rows(%s, (SELECT jsonb_agg(to_jsonb(t)) FROM " + name + " t))"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"cannot evict from or purge {name}: "):
+                    pipeline.execute(call, (table.table_id,))
+        done = run_entrypoint("cleanup.py", pg_dsn, "--lake-root", lake_root, "--table", name)
+        assert done.returncode == 2 and job_says.format(s=schema, t=name) in done.stderr, done.stderr
+        if "ROW LEVEL SECURITY" in code:
+            with pytest.raises(psycopg.errors.FeatureNotSupported, match="cannot capture TRUNCATE"):
+                app.execute(f"TRUNCATE {name}")
+        assert pg_conn.execute(f"SELECT count(*) FROM {schema}.loot").fetchone()[0] == 0
+        assert pg_conn.execute(f"SELECT count(*) FROM {name}").fetchone()[0] == 2
+
+
+@pytest.mark.parametrize("code, refusal", [
+    ("ALTER TABLE {s}.t ENABLE ROW LEVEL SECURITY; CREATE POLICY steal ON {s}.t USING ({s}.steal())",
+     "has row-level security"),
+    ("DROP TABLE {s}.t; CREATE VIEW {s}.t AS SELECT 1 AS part, 1 AS id WHERE {s}.steal(); "
+     "GRANT SELECT ON {s}.t TO coldharbor_pipeline", "is not a table"),
+])
+def test_the_pipeline_never_runs_code_of_the_table_owner(spark, app_logins, pg_dsn, pg_conn, lake_root, monkeypatch,
+                                                         code, refusal):
+    """A policy, or a view put under the registered name, would run the owner's code as the pipeline
+    that reads it: export and reports refuse to read such a relation, under a lock that keeps it so."""
+    schema, name, app = owned_table_with_code(app_logins)
+    with app:
+        app.execute(code.format(s=schema))
+    done = run_entrypoint("cdc_export.py", pg_dsn, "--lake-root", lake_root, "--table", name)
+    assert done.returncode == 2 and f"cannot read {name}: {name} {refusal}" in done.stderr, done.stderr
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT * FROM {name}", "--target",
+                        "adhoc_never") == 2
+    [table] = registry.load(pg_conn, name)
+    with pg.connect(pg_dsn) as pipeline, pipeline.transaction():
+        with pytest.raises(PrivilegeError, match=refusal):
+            registry.guard_read(pipeline, table)
+    assert pg_conn.execute(f"SELECT count(*) FROM {schema}.loot").fetchone()[0] == 0
+    assert not Path(lake_root).exists()
 
 
 @pytest.fixture()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from coldharbor import faults, pg, registry
+from coldharbor import faults, pg, registry, roles
 from coldharbor.export import ExportConfig, TableResult, export_table
 from coldharbor.lake_rows import live_rows
 
@@ -55,6 +56,24 @@ def _normal(value):
     if isinstance(value, Decimal):
         return value.normalize()
     return value
+
+
+def app_login(admin_dsn: str) -> tuple[str, str]:
+    """A new application login (a member of coldharbor_app) with a schema of its own: (name, DSN)."""
+    name = f"app_{uuid.uuid4().hex[:8]}"
+    password = uuid.uuid4().hex
+    with pg.connect(admin_dsn) as admin:
+        roles.ensure_app_login(admin, name, password)
+        admin.execute(f"CREATE SCHEMA {name} AUTHORIZATION {name}")
+    return name, roles.login_dsn(admin_dsn, name, password)
+
+
+def evict(admin: psycopg.Connection, name: str, where: str) -> None:
+    """What hot-tier eviction does, for any rows: delete them without logging a change. Only a
+    superuser can (replica mode, in which capture triggers do not fire); `admin` is set-up's login."""
+    with admin.transaction():
+        admin.execute("SET LOCAL session_replication_role = replica")
+        admin.execute(f"DELETE FROM {name} WHERE {where}")
 
 
 def dirty_ids(conn: psycopg.Connection, name: str) -> list[int]:

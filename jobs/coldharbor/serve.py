@@ -189,6 +189,8 @@ def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, confi
           record: RunRecord, checked: sql_guard.CheckedQuery) -> int:
     """The whole read of a validated report with both tiers reachable (or the lake missing in
     best-effort mode)."""
+    for table in checked.tables:
+        registry.require_privileges(conn, table)
     hot_only = False
     try:
         pinned = pin_versions(spark, checked.tables, config.lake_root)

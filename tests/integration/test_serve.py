@@ -16,7 +16,7 @@ from coldharbor.errors import LakeUnavailableError
 from coldharbor.report_runs import RunRecord
 from coldharbor.report_spec import parse_report
 from coldharbor.stack import free_port
-from tests.helpers import export, pg_rows, report_run, serve_report
+from tests.helpers import evict, export, pg_rows, report_run, serve_report
 
 ORDERS_DDL = "id bigint PRIMARY KEY, customer text NOT NULL, amount numeric(12,2) NOT NULL, status text NOT NULL"
 
@@ -26,13 +26,6 @@ def make_orders(conn, name: str, rows: int = 100) -> None:
     conn.execute("SELECT coldharbor.register_table(%s)", (name,))
     conn.execute(f"""INSERT INTO {name} SELECT g, 'c' || (g % 7), g * 1.25, 'new'
                      FROM generate_series(1, {rows}) g""")
-
-
-def evict(conn, name: str, where: str) -> None:
-    """What hot-tier eviction does: delete rows without logging a change."""
-    with conn.transaction():
-        conn.execute("SET LOCAL session_replication_role = replica")  # capture triggers do not fire
-        conn.execute(f"DELETE FROM {name} WHERE {where}")
 
 
 def report_rows(conn, target: str) -> dict:
@@ -116,7 +109,8 @@ def test_the_collected_images_enter_the_plan_as_an_rdd_read_once(spark, pg_dsn, 
     assert sorted(r["id"] for r in frame.collect()) == list(range(1, 51))
 
 
-def test_a_report_joining_two_tables_sees_both_at_one_instant(spark, pg_dsn, pg_conn, lake_root, monkeypatch):
+def test_a_report_joining_two_tables_sees_both_at_one_instant(spark, pg_dsn, admin_dsn, pg_conn, lake_root,
+                                                               monkeypatch):
     pg_conn.execute("CREATE TABLE acct_a (id int PRIMARY KEY, balance bigint NOT NULL)")
     pg_conn.execute("CREATE TABLE acct_b (id int PRIMARY KEY, balance bigint NOT NULL)")
     for name in ("acct_a", "acct_b"):
@@ -126,7 +120,7 @@ def test_a_report_joining_two_tables_sees_both_at_one_instant(spark, pg_dsn, pg_
     stop = threading.Event()
 
     def transfers():  # each transaction moves money from acct_a to acct_b: the total never changes
-        with pg.connect(pg_dsn) as conn:
+        with pg.connect(admin_dsn) as conn:
             i = 0
             while not stop.is_set():
                 with conn.transaction():

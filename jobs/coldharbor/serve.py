@@ -19,7 +19,7 @@ import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor import hot_snapshot, lake, registry_cache, settings, sinks, sql_guard
+from coldharbor import hot_snapshot, lake, registry, registry_cache, settings, sinks, sql_guard
 from coldharbor.errors import ColdharborError, LakeUnavailableError, ReportError
 from coldharbor.hot_snapshot import HotSnapshot, HotTable
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT

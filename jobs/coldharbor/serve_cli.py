@@ -94,6 +94,17 @@ def _record_failure(conn: psycopg.Connection | None, record: RunRecord, message:
         log.warning("could not record the failed run %s: %s", record.run_id, exc)
 
 
+def report_session():
+    """The job's session, with the SQL sandbox's settings forced whatever was submitted: Spark may
+    not read files named in SQL nor substitute ${...} into the checked SQL text."""
+    from coldharbor.spark import get_session
+
+    spark = get_session("coldharbor-serve-report")
+    spark.conf.set("spark.sql.variable.substitute", "false")
+    spark.conf.set("spark.sql.runSQLOnFiles", "false")
+    return spark
+
+
 def refusal(argv: list[str], dsn: str) -> str | None:
     """The check `main` makes before a JVM starts, for a caller that has not started one either (the
     Airflow operator, before its spark-submit): the refusal message, recorded as a failed run, or
@@ -147,15 +158,13 @@ def main(argv: list[str]) -> int:
         checked = validate_report(config.report, registry.load(conn) if conn is not None else None)
         if conn is not None:
             report_runs.start(conn, record)  # from here on, a failure is recorded too
-        from coldharbor.spark import get_session
-
         if conn is not None:
-            spark = get_session("coldharbor-serve-report")
+            spark = report_session()
             record.row_count = serve(spark, conn, jdbc, config, record, checked)
             report_runs.succeed(conn, record)
         else:
             log.warning("best effort: PostgreSQL at %s is unreachable; reading the lake alone", pg.describe(dsn))
-            spark = get_session("coldharbor-serve-report")
+            spark = report_session()
             tables, columns = registry_cache.load(spark, config.lake_root)
             record.row_count = serve_lake_only(spark, tables, columns, config, record, checked)
     except ColdharborError as exc:

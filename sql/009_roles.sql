@@ -76,7 +76,14 @@ CREATE FUNCTION coldharbor.read_refusal(p_table regclass)
 RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE WHEN c.relkind NOT IN ('r', 'p') THEN format('%s is not a table (relkind %s)', c.oid::regclass, c.relkind)
-                WHEN c.relrowsecurity THEN format('%s has row-level security', c.oid::regclass) END
+                WHEN c.relrowsecurity THEN format('%s has row-level security', c.oid::regclass)
+                -- Rows of an inheritance child read as the table's but are written past its capture
+                -- triggers; a rule can route a write elsewhere (an outside review wrote uncaptured rows so).
+                WHEN EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class k ON k.oid = i.inhrelid
+                              WHERE i.inhparent = c.oid AND NOT k.relispartition)
+                    THEN format('%s has inheritance children, whose rows capture does not see', c.oid::regclass)
+                WHEN EXISTS (SELECT 1 FROM pg_rewrite r WHERE r.ev_class = c.oid AND r.rulename <> '_RETURN')
+                    THEN format('%s has a rule, which can route writes around capture', c.oid::regclass) END
       FROM pg_class c WHERE c.oid = p_table
 $$;
 

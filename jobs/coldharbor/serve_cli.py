@@ -68,10 +68,10 @@ def _raw_params(pairs: list[str]) -> dict[str, str]:
 
 def build_config(args: argparse.Namespace, run_id: str) -> ServeConfig:
     """The checked configuration; ReportError for an unknown report, a bad parameter or target."""
-    reports = report_spec.load_reports(settings.REPORTS_DIR)
+    reports = report_spec.load_reports(settings.reports_dir())
     if args.report is not None:
         if args.report not in reports:
-            raise ReportError(f"no report named {args.report!r} under {settings.REPORTS_DIR} "
+            raise ReportError(f"no report named {args.report!r} under {settings.reports_dir()} "
                               f"(known: {', '.join(sorted(reports)) or 'none'})")
         report = reports[args.report]
     else:

@@ -100,6 +100,12 @@ DEFAULT_HISTORY_WINDOW_HOURS = 168.0
 REPORTS_DIR = Path(os.environ.get("COLDHARBOR_REPORTS_DIR", PROJECT_DIR / "sql" / "reports"))
 
 
+def reports_dir() -> Path:
+    """The report files' folder as the environment says now (the Airflow worker checks a report in
+    its own long-lived process, whose environment can change after this module was imported)."""
+    return Path(os.environ.get("COLDHARBOR_REPORTS_DIR", PROJECT_DIR / "sql" / "reports"))
+
+
 def history_window_hours() -> float:
     raw = os.environ.get(HISTORY_WINDOW_ENV)
     if raw is None:

@@ -669,7 +669,7 @@ BEGIN
     GRANT UPDATE (last_batch_id, load_state, loaded_at, loaded_version, base_version, base_at, base_rows)
         ON coldharbor.tables TO coldharbor_pipeline;
     -- A resync after a restore moves the change-id sequence past the lake's newest sequence.
-    GRANT UPDATE ON SEQUENCE coldharbor.change_log_id_seq TO coldharbor_pipeline;
+    GRANT SELECT, UPDATE ON SEQUENCE coldharbor.change_log_id_seq TO coldharbor_pipeline;
     GRANT SELECT ON ALL TABLES IN SCHEMA entities TO coldharbor_pipeline, coldharbor_app;
 END;
 $$;

@@ -103,7 +103,7 @@ def test_the_jdbc_password_is_redacted_in_sparks_plans_and_ui(admin_dsn, tmp_pat
     assert out.returncode == 0, out.stderr[-3000:]
     pages = json.loads(out.stdout.split("PAGES ", 1)[1].splitlines()[0])
     sql = pages["sql?details=true&planDescription=true"]
-    password = conninfo_to_dict(pg_dsn)["password"]
+    password = conninfo_to_dict(admin_dsn)["password"]
     assert "SaveIntoDataSourceCommand" in sql and "redacted" in sql  # the write's options are shown, redacted
     assert password not in out.stdout.split("PAGES ", 1)[0]          # the explained plan
     assert {name: password in text for name, text in pages.items()} == dict.fromkeys(pages, False)

@@ -154,4 +154,5 @@ def guard_read(conn: psycopg.Connection, table: RegisteredTable) -> None:
 
 def _cannot_read(table: RegisteredTable, refusal: str) -> PrivilegeError:
     return PrivilegeError(f"cannot read {table.qualified_name}: {refusal}, whose code would run as the job's role; "
-                          "nothing was done. A registered table must stay a table without row-level security")
+                          "nothing was done. A registered table must stay a plain table: no row-level security, rules or "
+                          "inheritance children")

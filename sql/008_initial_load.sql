@@ -37,13 +37,18 @@ ALTER TABLE coldharbor.report_runs ADD COLUMN served_from_postgres text[];
 -- look at commit sees every row capture will not carry. A registration in a REPEATABLE READ or
 -- SERIALIZABLE transaction cannot look afresh and stays pending (the export settles an empty
 -- table's load without Spark). An entity schema needs none: its registration logs every record.
+-- It fires at commit as whoever registered, so it runs as the schema's owner (who alone writes the
+-- registry); a table with row-level security is not read here (its policies would run as the owner):
+-- it stays pending, and the jobs refuse such a table by name.
 CREATE FUNCTION coldharbor.settle_load_at_registration() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_has_rows boolean;
 BEGIN
     IF NEW.source_kind <> 'entity' THEN
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
+        IF current_setting('transaction_isolation') <> 'read committed'
+           OR (SELECT c.relrowsecurity OR c.relforcerowsecurity FROM pg_catalog.pg_class c
+                WHERE c.oid = format('%I.%I', NEW.schema_name, NEW.table_name)::regclass) THEN
             RETURN NULL;
         END IF;
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I.%I)', NEW.schema_name, NEW.table_name) INTO v_has_rows;

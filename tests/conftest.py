@@ -15,19 +15,32 @@ time.tzset()
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from coldharbor import pg  # noqa: E402
-from coldharbor.stack import throwaway_server  # noqa: E402
+from coldharbor.stack import Logins, throwaway_server  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def pg_dsn(tmp_path_factory) -> Iterator[str]:
+def pg_logins(tmp_path_factory) -> Iterator[Logins]:
     """A fresh embedded PostgreSQL 18 on 127.0.0.1 with the coldharbor schema migrated."""
-    with throwaway_server(tmp_path_factory.mktemp("pg")) as dsn:
-        yield dsn
+    with throwaway_server(tmp_path_factory.mktemp("pg")) as logins:
+        yield logins
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(pg_logins) -> str:
+    """The jobs' DSN (coldharbor_pipeline, no superuser): what a test running a job gives it."""
+    return pg_logins.pipeline
+
+
+@pytest.fixture(scope="session")
+def admin_dsn(pg_logins) -> str:
+    """Set-up's DSN (the superuser): creating tables, registering them, writing as the application."""
+    return pg_logins.admin
 
 
 @pytest.fixture()
-def pg_conn(pg_dsn) -> Iterator[psycopg.Connection]:
-    with pg.connect(pg_dsn) as conn:
+def pg_conn(admin_dsn) -> Iterator[psycopg.Connection]:
+    """A set-up connection (the superuser): tables, registration, the application's writes, checks."""
+    with pg.connect(admin_dsn) as conn:
         yield conn
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from coldharbor import faults, pg, registry
+from coldharbor import faults, pg, registry, roles
 from coldharbor.export import ExportConfig, TableResult, export_table
 from coldharbor.lake_rows import live_rows
 
@@ -55,6 +56,24 @@ def _normal(value):
     if isinstance(value, Decimal):
         return value.normalize()
     return value
+
+
+def app_login(admin_dsn: str) -> tuple[str, str]:
+    """A new application login (a member of coldharbor_app) with a schema of its own: (name, DSN)."""
+    name = f"app_{uuid.uuid4().hex[:8]}"
+    password = uuid.uuid4().hex
+    with pg.connect(admin_dsn) as admin:
+        roles.ensure_app_login(admin, name, password)
+        admin.execute(f"CREATE SCHEMA {name} AUTHORIZATION {name}")
+    return name, roles.login_dsn(admin_dsn, name, password)
+
+
+def evict(admin: psycopg.Connection, name: str, where: str) -> None:
+    """What hot-tier eviction does, for any rows: delete them without logging a change. Only a
+    superuser can (replica mode, in which capture triggers do not fire); `admin` is set-up's login."""
+    with admin.transaction():
+        admin.execute("SET LOCAL session_replication_role = replica")
+        admin.execute(f"DELETE FROM {name} WHERE {where}")
 
 
 def dirty_ids(conn: psycopg.Connection, name: str) -> list[int]:
@@ -125,16 +144,16 @@ def report_run(conn: psycopg.Connection, run_id: str) -> dict:
 
 @contextmanager
 def server_with_orders(folder: Path, rows: int, **server_settings: str) -> Iterator[tuple]:
-    """(server, dsn) of a PostgreSQL of the test's own (to stop, restart, or start with other
-    settings) holding public.orders (id bigint key, v text) registered, with `rows` rows."""
+    """(server, the jobs' DSN) of a PostgreSQL of the test's own (to stop, restart, or start with
+    other settings) holding public.orders (id bigint key, v text) registered, with `rows` rows."""
     from coldharbor.stack import throwaway
 
-    with throwaway(folder, **server_settings) as (server, dsn):
-        with pg.connect(dsn) as conn:
+    with throwaway(folder, **server_settings) as (server, logins):
+        with pg.connect(logins.admin) as conn:
             conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, v text)")
             conn.execute("SELECT coldharbor.register_table('public.orders')")
             conn.execute("INSERT INTO orders SELECT g, 'v' FROM generate_series(1, %s) g", (rows,))
-        yield server, dsn
+        yield server, logins.pipeline
 
 
 def wait_until_paused(pause_dir: Path, point: str, process: subprocess.Popen, timeout_s: float = 300) -> None:

@@ -33,7 +33,7 @@ from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor import faults, lake, pg, table_reader
+from coldharbor import faults, lake, pg, registry, table_reader
 from coldharbor.errors import LakeUnavailableError, TableBusyError
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, latest_per_key, to_lake_rows
 from coldharbor.registry import LakeColumn, RegisteredTable
@@ -83,6 +83,7 @@ def settle_without_spark(conn: psycopg.Connection, table: RegisteredTable) -> bo
     """
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        registry.guard_read(conn, table)  # before the snapshot: no code of the table's owner runs here
         if table.source_kind != "entity":
             has_rows = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(table.identifier)).fetchone()[0]
             if has_rows:
@@ -185,6 +186,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     with conn.transaction():
         # The exporting transaction stays open until the write's tasks have imported its snapshot.
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        registry.guard_read(conn, table)  # before the snapshot; its ACCESS SHARE lock is held while the readers read
         snapshot = table_reader.export_snapshot(conn, table)
         hook(f"{kind}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)

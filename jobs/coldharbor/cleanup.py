@@ -86,6 +86,8 @@ def cleanup_table(spark: SparkSession, conn: psycopg.Connection, table: Register
         if not acquired:
             log.info("skipped %s: another cleanup of this table holds its lock", table.qualified_name)
             return TableCleanup(table.qualified_name, "skipped")
+        if config.evict and table.hot_retention is not None:
+            registry.require_privileges(conn, table, deletes=True)
         if not config.dry_run:
             maintenance_runs.start(conn, config.run_id, table.table_id, "cleanup")
         result = TableCleanup(table.qualified_name)
@@ -221,14 +223,16 @@ def expire_report_runs(conn: psycopg.Connection, config: CleanupConfig) -> int:
 
 
 def drop_stale_staging_tables(conn: psycopg.Connection, dry_run: bool) -> list[str]:
-    """reports._ch_stage_* tables of serve runs that died before their swap (none may be running)."""
+    """reports._ch_stage_* tables of serve runs that died before their swap (none may be running): the
+    job's role created them, and may drop only those."""
     running = conn.execute("SELECT count(*) FROM coldharbor.report_runs WHERE state = 'running' "
                            "AND sink = 'postgres'").fetchone()[0]
     if running:
         log.info("report staging tables left alone: %s PostgreSQL report run(s) in progress", running)
         return []
     names = [r[0] for r in conn.execute("SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = 'reports' "
-                                        "AND tablename LIKE '\\_ch\\_stage\\_%'").fetchall()]
+                                        "AND tablename LIKE '\\_ch\\_stage\\_%' AND tableowner = current_user"
+                                        ).fetchall()]
     if not dry_run:
         for name in names:
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("reports", name)))
@@ -283,7 +287,11 @@ def main(argv: list[str]) -> int:
         config = parse_args(argv)
         with pg.connect(settings.pg_dsn()) as conn:
             # An unknown table, or a registered one PostgreSQL lost, fails before Spark starts.
-            registry.require_present(registry.load(conn, config.table))
+            tables = registry.load(conn, config.table)
+            registry.require_present(tables)
+            for table in tables:
+                if config.evict and table.hot_retention is not None:
+                    registry.require_privileges(conn, table, deletes=True)
             from coldharbor.spark import get_session
 
             spark = get_session("coldharbor-cleanup")

@@ -29,3 +29,7 @@ class ReportError(ColdharborError, ValueError):
 
 class TableBusyError(ColdharborError):
     """Another job holds a lock the operation needs; nothing was changed."""
+
+
+class PrivilegeError(ColdharborError):
+    """A role lacks a PostgreSQL privilege the job needs; nothing was changed."""

@@ -84,6 +84,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         if not acquired:
             log.info("skipped %s: another export of this table holds its lock", table.qualified_name)
             return TableResult(table.qualified_name, "skipped")
+        registry.require_privileges(conn, table)
         path = table.lake_path(config.lake_root)
         recovered = recover_pending(spark, conn, table, path)
         loaded = None
@@ -114,6 +115,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         # exports it, the JDBC readers import it, and the intent is recorded in it and committed.
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            registry.guard_read(conn, table)  # before the snapshot; held while the readers read
             snapshot_id = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
             images = hot_reader.read_dirty_images(spark, conn, jdbc, snapshot_id, table, columns)
             hook("after_read")
@@ -196,6 +198,8 @@ def main(argv: list[str]) -> int:
             if not todo:
                 log.info("nothing dirty in %s registered table(s); no Spark session started", len(tables))
                 return 0
+            for table in todo:
+                registry.require_privileges(conn, table)  # refuse before Spark starts
             from coldharbor.spark import get_session
 
             spark = get_session("coldharbor-cdc-export")

@@ -163,21 +163,26 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
     """
     parts = max(1, spark.sparkContext.defaultParallelism)
     relation = source_relation(conn, table, f"SELECT dk.{_key_column(0).as_string(conn)} FROM dirty dk")
-    init = (f"SET work_mem = '{EXPORT_WORK_MEM}'; BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
-            f"SET TRANSACTION SNAPSHOT '{snapshot_id}'")
     images = None
     for part in range(parts):
         query = dirty_images_query(table, columns, change_time(conn), relation, part, parts).as_string(conn)
-        share = (spark.read.format("jdbc").options(**jdbc.options())
-                 .option("query", query)
-                 .option("fetchsize", JDBC_FETCH_SIZE)
-                 .option("preferTimestampNTZ", "true")  # timestamp (no zone) stays zone-free
-                 .option("sessionInitStatement", init)
-                 .option("prepareThreshold", "-1")  # binary rows from the first execution
-                 .load())
+        share = snapshot_read(spark, jdbc, query, snapshot_id, f"SET work_mem = '{EXPORT_WORK_MEM}'; ")
         images = share if images is None else images.union(share)
     faults.from_environment("before_jdbc_read")  # the readers connect in the checkpoint's tasks
     return images.localCheckpoint(eager=True)
+
+
+def snapshot_read(spark: SparkSession, jdbc: JdbcTarget, query: str, snapshot_id: str, settings: str = "") -> DataFrame:
+    """One JDBC reader of `query` inside the exported snapshot `snapshot_id` (lazy: each action
+    re-reads, importing the snapshot again; its exporter must still be open)."""
+    init = f"{settings}BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'"
+    return (spark.read.format("jdbc").options(**jdbc.options())
+            .option("query", query)
+            .option("fetchsize", JDBC_FETCH_SIZE)
+            .option("preferTimestampNTZ", "true")  # timestamp (no zone) stays zone-free
+            .option("sessionInitStatement", init)
+            .option("prepareThreshold", "-1")  # binary rows from the first execution
+            .load())
 
 
 def has_dirty(conn: psycopg.Connection, table_id: int) -> bool:

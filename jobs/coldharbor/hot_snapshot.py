@@ -136,6 +136,8 @@ def read(conn: psycopg.Connection, pinned: Mapping[int, int | None], tables: Seq
     snapshot. With `hot_only` the lake is not read and each table comes whole from PostgreSQL."""
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        for table in tables:
+            registry.guard_read(conn, table)  # before the snapshot
         return read_in_transaction(conn, pinned, tables, hot_only)
 
 

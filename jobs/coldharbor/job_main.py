@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from coldharbor.errors import ColdharborError, PostgresUnavailableError
+from coldharbor.errors import ColdharborError, PostgresUnavailableError, PrivilegeError
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ def configure_logging() -> None:
 
 
 def run_job(name: str, body: Callable[[], int]) -> int:
-    """Runs `body`; a ColdharborError (or a lost PostgreSQL) is logged as one line: exit 2."""
+    """Runs `body`; a ColdharborError, a lost PostgreSQL or a refused privilege is logged as one line: exit 2."""
     configure_logging()
     try:
         return body()
@@ -30,6 +30,10 @@ def run_job(name: str, body: Callable[[], int]) -> int:
         return EXIT_REFUSED
     except psycopg.OperationalError as exc:
         log.error("%s failed: %s", name, PostgresUnavailableError(f"lost PostgreSQL: {exc}"))
+        return EXIT_REFUSED
+    except psycopg.errors.InsufficientPrivilege as exc:  # one the checks before the work did not foresee
+        log.error("%s failed: %s", name, PrivilegeError(
+            f"PostgreSQL refused the job's role: {exc.diag.message_primary} (see README, 'Roles and privileges')"))
         return EXIT_REFUSED
     except Exception as exc:
         from coldharbor.pg import lost_postgres

@@ -1,19 +1,23 @@
 """Applies the ordered migrations in sql/ once each, recording what was applied.
 
-Usage: python -m coldharbor.migrate   (reads COLDHARBOR_PG_DSN)
+Usage: python -m coldharbor.migrate   (reads COLDHARBOR_ADMIN_PG_DSN: a superuser, or an admin who may
+create roles; with COLDHARBOR_PIPELINE_PASSWORD set it also sets the jobs' login password)
+
+Set-up alone runs this: the jobs connect as coldharbor_pipeline, which cannot migrate.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 
-from coldharbor import pg, settings
+from coldharbor import pg, roles, settings
 from coldharbor.errors import ColdharborError
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,7 @@ def apply(conn: psycopg.Connection, migrations: list[Migration]) -> list[str]:
                 conn.execute(migration.sql)
                 conn.execute("INSERT INTO coldharbor.schema_migrations (name, checksum) VALUES (%s, %s)",
                              (migration.name, migration.checksum))
+                apply_privileges(conn)
             log.info("applied migration %s", migration.name)
             done.append(migration.name)
         return done
@@ -68,11 +73,22 @@ def apply(conn: psycopg.Connection, migrations: list[Migration]) -> list[str]:
         conn.execute("SELECT pg_advisory_unlock(%s, %s)", MIGRATE_LOCK)
 
 
+def apply_privileges(conn: psycopg.Connection) -> None:
+    """Ownership and privileges of everything in the schema (sql/009_roles.sql), once it defines
+    them: whatever a migration created is then owned by coldharbor_owner, with no PUBLIC EXECUTE."""
+    if conn.execute("SELECT to_regprocedure('coldharbor.apply_privileges()') IS NOT NULL").fetchone()[0]:
+        conn.execute("SELECT coldharbor.apply_privileges()")
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        with pg.connect(settings.pg_dsn()) as conn:
+        with pg.connect(settings.admin_pg_dsn()) as conn:
             done = apply(conn, discover())
+            password = os.environ.get(settings.PIPELINE_PASSWORD_ENV)
+            if password:
+                roles.set_password(conn, roles.PIPELINE, password)
+                log.info("set the password of %s from %s", roles.PIPELINE, settings.PIPELINE_PASSWORD_ENV)
     except ColdharborError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -74,6 +74,7 @@ class PurgeResult:
 
 
 def purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, config: PurgeConfig) -> PurgeResult:
+    registry.require_privileges(conn, table, deletes=True)
     columns = registry.lake_columns(conn, table)
     predicate = purge_predicate.parse(config.where, columns)  # before any lock or change
     with ExitStack() as locks:
@@ -102,11 +103,8 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
     result = PurgeResult(table.qualified_name, predicate.text)
     has_lake = lake.pin_version(spark, path) is not None
     with conn.transaction():
-        conn.execute("SELECT set_config('coldharbor.evicting', 'on', true)")  # no change rows for the purge
-        hot_keys = conn.execute(sql.SQL("DELETE FROM {} WHERE {} RETURNING {}").format(
-            table.identifier, sql.SQL(predicate.postgres),
-            sql.SQL(", ").join(_as_lake_value(c) for c in keys))).fetchall()
-        conn.execute("SELECT set_config('coldharbor.evicting', 'off', true)")
+        registry.guard_read(conn, table)
+        hot_keys = _delete_hot_rows(conn, table, keys, predicate)
         result.hot_rows_deleted = len(hot_keys)
         all_keys = set(hot_keys)
         if has_lake:
@@ -139,6 +137,23 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
     return result
 
 
+def _delete_hot_rows(conn: psycopg.Connection, table: RegisteredTable, keys: list[LakeColumn],
+                     predicate: Predicate) -> list[tuple]:
+    """Deletes the rows matching the predicate from PostgreSQL, logging no change; returns their keys
+    as the lake holds them. The job reads the matching rows with its own privileges; the schema
+    owner's coldharbor.purge_rows() deletes them (only it may suspend capture) if each is still as
+    read: a row changed in between stays, and verify() reports it if it still matches. No SQL text
+    reaches the owner's function."""
+    read = conn.execute(sql.SQL("SELECT {}, to_jsonb(t)::text FROM {} t WHERE {}").format(
+        sql.SQL(", ").join(_as_lake_value(c) for c in keys), table.identifier,
+        sql.SQL(predicate.postgres))).fetchall()
+    if not read:
+        return []
+    images = "[" + ",".join(row[-1] for row in read) + "]"  # JSON text as PostgreSQL wrote it: no float round trip
+    deleted = conn.execute("SELECT coldharbor.purge_rows(%s, %s::jsonb)", (table.table_id, images)).fetchall()
+    return [tuple(read[position - 1][:-1]) for (position,) in deleted]
+
+
 def _as_lake_value(column: LakeColumn) -> sql.Composable:
     """A key column as the lake holds it (uuid as text), so hot and lake keys compare equal."""
     if column.pg_type in hot_reader.AS_TEXT:
@@ -169,10 +184,12 @@ def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], 
 def verify(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str, key_names: list[str],
            keys: set[tuple], predicate: Predicate, has_lake: bool) -> dict[str, int]:
     """Counts of purged rows still present; all zero when the purge is complete."""
-    remaining = {
-        "postgres_rows": conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {}").format(
-            table.identifier, sql.SQL(predicate.postgres))).fetchone()[0],
-    }
+    with conn.transaction():
+        registry.guard_read(conn, table)
+        remaining = {
+            "postgres_rows": conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {}").format(
+                table.identifier, sql.SQL(predicate.postgres))).fetchone()[0],
+        }
     if has_lake:
         def matches(rows: DataFrame) -> int:
             hit = F.expr(predicate.spark)
@@ -237,7 +254,8 @@ def main(argv: list[str]) -> int:
         config = parse_args(argv)
         with pg.connect(settings.pg_dsn()) as conn:
             [table] = registry.load(conn, config.table)
-            purge_predicate.parse(config.where, registry.lake_columns(conn, table))  # refuse before Spark starts
+            registry.require_privileges(conn, table, deletes=True)  # refuse before Spark starts
+            purge_predicate.parse(config.where, registry.lake_columns(conn, table))
             from coldharbor.spark import get_session
 
             result = purge(get_session("coldharbor-purge"), conn, table, config)

@@ -9,7 +9,8 @@ from datetime import timedelta
 import psycopg
 from psycopg import sql
 
-from coldharbor.errors import ConfigError, UnknownTableError
+from coldharbor import roles
+from coldharbor.errors import ConfigError, PrivilegeError, UnknownTableError
 
 
 class MissingTableError(UnknownTableError):
@@ -116,3 +117,64 @@ def lake_columns(conn: psycopg.Connection, table: RegisteredTable) -> list[LakeC
         raise ConfigError(f"cannot export {table.qualified_name}: its primary key is now ({', '.join(keys)}) "
                           f"but was registered as ({', '.join(table.key_columns)}); register it again")
     return columns
+
+
+def require_privileges(conn: psycopg.Connection, table: RegisteredTable, *, deletes: bool = False) -> None:
+    """Raises PrivilegeError, naming each missing privilege, unless the job's role may read the table
+    and, with `deletes` (eviction, purge), the schema owner that deletes for it may lock and delete
+    its rows, and no trigger, rule or policy of the table would run its code as that owner.
+    Registration grants all of them; a table registered before the roles existed, or a grant revoked
+    since, lacks them. (A table that no longer exists is left to lake_columns.)"""
+    needed = [(None, "SELECT")] + ([(roles.OWNER, "SELECT"), (roles.OWNER, "DELETE"), (roles.OWNER, "UPDATE")]
+                                   if deletes else [])
+    missing = []
+    for role, privilege in needed:
+        # UPDATE of any one column is what SELECT ... FOR UPDATE needs (eviction's row locks).
+        check = sql.SQL("has_any_column_privilege" if privilege == "UPDATE" else "has_table_privilege")
+        who = sql.SQL("current_user") if role is None else sql.Literal(role)
+        held, name = conn.execute(sql.SQL(
+            "SELECT to_regclass({rel}) IS NULL OR {check}({who}, to_regclass({rel}), {privilege}), {who}::text").format(
+            rel=sql.Literal(table.identifier.as_string(conn)), check=check, who=who,
+            privilege=sql.Literal(privilege))).fetchone()
+        if not held:
+            missing.append(f"role {name} lacks {privilege}")
+    if missing:
+        again = ("an administrator registers it again with SELECT "
+                 f"coldharbor.register_entity_schema('{table.table_name}')" if table.source_kind == "entity" else
+                 f"its owner registers it again with SELECT coldharbor.register_table('{table.qualified_name}')")
+        raise PrivilegeError(
+            f"{table.qualified_name}: {'; '.join(missing)} on it, so nothing was done. Registration grants "
+            f"these; a table registered before the roles existed, or a grant revoked since, lacks them: {again}")
+    if table.source_kind == "table":
+        refusal = conn.execute("SELECT coldharbor.read_refusal(to_regclass(%s))",
+                               (table.identifier.as_string(conn),)).fetchone()[0]
+        if refusal:
+            raise _cannot_read(table, refusal)
+    if deletes and table.source_kind == "table":
+        refusal = conn.execute("SELECT coldharbor.owner_delete_refusal(to_regclass(%s))",
+                               (table.identifier.as_string(conn),)).fetchone()[0]
+        if refusal:
+            raise PrivilegeError(
+                f"cannot evict from or purge {table.qualified_name}: {refusal}, and eviction and purge delete as the "
+                "schema owner, whose privileges that code would run with; nothing was done. Drop it, or give the "
+                "table no hot retention and purge it by hand as its owner")
+
+
+def guard_read(conn: psycopg.Connection, table: RegisteredTable) -> None:
+    """Locks a registered table for the caller's transaction (ACCESS SHARE) and raises PrivilegeError
+    unless reading it runs no code of its owner's as the job's role: it must still be a table (a view
+    runs its functions as whoever reads it) without row-level security (policies too). Call it first
+    in the transaction that reads the table; the lock keeps the answer true until it ends."""
+    if table.source_kind != "table":
+        return  # entity views and tables are the schema owner's
+    conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(table.identifier))
+    refusal = conn.execute("SELECT coldharbor.read_refusal(%s::regclass)",
+                           (table.identifier.as_string(conn),)).fetchone()[0]
+    if refusal:
+        raise _cannot_read(table, refusal)
+
+
+def _cannot_read(table: RegisteredTable, refusal: str) -> PrivilegeError:
+    return PrivilegeError(f"cannot read {table.qualified_name}: {refusal}, whose code would run as the job's role; "
+                          "nothing was done. A registered table must stay a plain table: no row-level security, rules or "
+                          "inheritance children")

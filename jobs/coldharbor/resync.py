@@ -54,6 +54,7 @@ def resync_table(spark, conn, jdbc: pg.JdbcTarget, table: registry.RegisteredTab
         if not (exporting and compacting):
             raise TableBusyError(f"{table.qualified_name} is being exported or compacted right now; "
                                  "nothing was changed, run the resync again when it is done")
+        registry.require_privileges(conn, table)
         path = table.lake_path(config.lake_root)
         recover_pending(spark, conn, table, path)
         # A table whose initial load is still pending gets exactly that: its first base.

@@ -19,7 +19,7 @@ import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor import hot_snapshot, lake, registry_cache, settings, sinks, sql_guard
+from coldharbor import hot_snapshot, lake, registry, registry_cache, settings, sinks, sql_guard
 from coldharbor.errors import ColdharborError, LakeUnavailableError, ReportError
 from coldharbor.hot_snapshot import HotSnapshot, HotTable
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT
@@ -189,6 +189,8 @@ def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, confi
           record: RunRecord, checked: sql_guard.CheckedQuery) -> int:
     """The whole read of a validated report with both tiers reachable (or the lake missing in
     best-effort mode)."""
+    for table in checked.tables:
+        registry.require_privileges(conn, table)
     hot_only = False
     try:
         pinned = pin_versions(spark, checked.tables, config.lake_root)

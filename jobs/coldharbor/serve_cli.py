@@ -68,10 +68,10 @@ def _raw_params(pairs: list[str]) -> dict[str, str]:
 
 def build_config(args: argparse.Namespace, run_id: str) -> ServeConfig:
     """The checked configuration; ReportError for an unknown report, a bad parameter or target."""
-    reports = report_spec.load_reports(settings.REPORTS_DIR)
+    reports = report_spec.load_reports(settings.reports_dir())
     if args.report is not None:
         if args.report not in reports:
-            raise ReportError(report_spec.missing_report(args.report, settings.REPORTS_DIR, reports))
+            raise ReportError(report_spec.missing_report(args.report, settings.reports_dir(), reports))
         report = reports[args.report]
     else:
         report = report_spec.parse_report(args.sql, "adhoc")
@@ -91,6 +91,17 @@ def _record_failure(conn: psycopg.Connection | None, record: RunRecord, message:
         report_runs.fail(conn, record, message)
     except psycopg.Error as exc:
         log.warning("could not record the failed run %s: %s", record.run_id, exc)
+
+
+def report_session():
+    """The job's session, with the SQL sandbox's settings forced whatever was submitted: Spark may
+    not read files named in SQL nor substitute ${...} into the checked SQL text."""
+    from coldharbor.spark import get_session
+
+    spark = get_session("coldharbor-serve-report")
+    spark.conf.set("spark.sql.variable.substitute", "false")
+    spark.conf.set("spark.sql.runSQLOnFiles", "false")
+    return spark
 
 
 def refusal(argv: list[str], dsn: str) -> str | None:
@@ -150,15 +161,13 @@ def main(argv: list[str]) -> int:
             hot_reader.require_commit_times(conn)
         if conn is not None:
             report_runs.start(conn, record)  # from here on, a failure is recorded too
-        from coldharbor.spark import get_session
-
         if conn is not None:
-            spark = get_session("coldharbor-serve-report")
+            spark = report_session()
             record.row_count = serve(spark, conn, jdbc, config, record, checked)
             report_runs.succeed(conn, record)
         else:
             log.warning("best effort: PostgreSQL at %s is unreachable; reading the lake alone", pg.describe(dsn))
-            spark = get_session("coldharbor-serve-report")
+            spark = report_session()
             tables, columns = registry_cache.load(spark, config.lake_root)
             record.row_count = serve_lake_only(spark, tables, columns, config, record, checked)
     except ColdharborError as exc:

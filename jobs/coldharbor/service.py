@@ -4,7 +4,8 @@
                                          Airflow standalone (LocalExecutor, API on 127.0.0.1) with
                                          the DAGs unpaused; prints the URL and where the login is
     python -m coldharbor.service stop     ends every process `start` began, by process group
-    python -m coldharbor.service workload (internal) the demo workload: a few writes every seconds
+    python -m coldharbor.service workload (internal) the demo workload: a few writes every seconds, as the
+                                         demo application's role (COLDHARBOR_PG_DSN)
 
 Everything lives under data/: PostgreSQL in data/pg, the lake in data/lake, Airflow in
 data/airflow, the process groups in data/service.json, the logs in data/logs.
@@ -36,14 +37,19 @@ BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 300
 
 
+# Set-up's secrets: they never reach Airflow, its workers or a job, even when the caller's shell has them.
+SETUP_ONLY = (settings.ADMIN_PG_DSN_ENV, settings.PIPELINE_PASSWORD_ENV, stack.DEMO_PASSWORD_ENV, stack.DEMO_PG_DSN_ENV)
+
+
 def airflow_env(dsn: str) -> dict[str, str]:
-    """Airflow's settings for the embedded service; the connections carry the credentials."""
+    """Airflow's settings for the embedded service; the connections carry the credentials (`dsn`: the
+    jobs' login, coldharbor_pipeline)."""
     from psycopg.conninfo import conninfo_to_dict
 
     params = conninfo_to_dict(dsn)
     project = settings.PROJECT_DIR
     return {
-        **os.environ,
+        **{key: value for key, value in os.environ.items() if key not in SETUP_ONLY},
         "AIRFLOW_HOME": str(AIRFLOW_HOME),
         "AIRFLOW__CORE__DAGS_FOLDER": str(project / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(project / "plugins"),
@@ -87,22 +93,23 @@ def _wait_for_api(deadline: float) -> None:
 def start() -> None:
     if STATE_FILE.exists():
         stop()  # a previous start's processes: never two of each
-    dsn = stack.up()
-    stack.demo(dsn, rows=200)
-    env = airflow_env(dsn)
+    logins = stack.up()
+    demo_dsn = stack.demo(logins.admin, stack.demo_password(), rows=200)
+    env = airflow_env(logins.pipeline)
     AIRFLOW_HOME.mkdir(parents=True, exist_ok=True)
     subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
     subprocess.run([str(BIN / "airflow"), "pools", "set", "coldharbor_spark", "1", "Coldharbor Spark jobs"],
                    env=env, check=True, stdout=subprocess.DEVNULL)
     groups = {"workload": _spawn("workload", [sys.executable, "-m", "coldharbor.service", "workload"],
-                                 {**env, settings.PG_DSN_ENV: dsn}),
+                                 {**env, settings.PG_DSN_ENV: demo_dsn}),  # the application's own login
               "airflow": _spawn("airflow", [str(BIN / "airflow"), "standalone"], env)}
     STATE_FILE.write_text(json.dumps(groups))
     _wait_for_api(time.monotonic() + START_TIMEOUT_S)
     print(f"Coldharbor is running: Airflow at http://127.0.0.1:{API_PORT} "
           f"(health page: http://127.0.0.1:{API_PORT}/coldharbor/health)")
     print(f"login: user 'admin', password in {AIRFLOW_HOME / 'simple_auth_manager_passwords.json.generated'}")
-    print(f"PostgreSQL settings in {stack.ENV_FILE}; logs in {LOG_DIR}; stop with 'make stop'")
+    print(f"PostgreSQL: the jobs' settings in {stack.ENV_FILE}, set-up's (superuser) in {stack.SETUP_ENV_FILE}; "
+          f"logs in {LOG_DIR}; stop with 'make stop'")
 
 
 def stop() -> None:

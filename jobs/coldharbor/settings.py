@@ -10,9 +10,11 @@ from pathlib import Path
 
 from coldharbor.errors import ConfigError
 
-PG_DSN_ENV = "COLDHARBOR_PG_DSN"
+PG_DSN_ENV = "COLDHARBOR_PG_DSN"               # the jobs' login: coldharbor_pipeline, never a superuser
 # A file holding the DSN (the Airflow operator writes one per run, mode 0600); it wins over PG_DSN_ENV.
 PG_DSN_FILE_ENV = "COLDHARBOR_PG_DSN_FILE"
+ADMIN_PG_DSN_ENV = "COLDHARBOR_ADMIN_PG_DSN"   # set-up only (migrations, demo): a superuser or an admin
+PIPELINE_PASSWORD_ENV = "COLDHARBOR_PIPELINE_PASSWORD"   # set-up sets coldharbor_pipeline's password from it
 LAKE_ROOT_ENV = "COLDHARBOR_LAKE_ROOT"
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
@@ -48,7 +50,7 @@ def require_env(name: str) -> str:
 
 
 def pg_dsn() -> str:
-    """The hot tier's libpq connection string (URL or key=value form): the content of the file
+    """The hot tier's libpq connection string (URL or key=value form), as the jobs' role: the content of the file
     COLDHARBOR_PG_DSN_FILE names when it is set, else COLDHARBOR_PG_DSN. A file keeps the password
     out of the job's environment and command line; an unreadable or empty one is a ConfigError."""
     path = os.environ.get(PG_DSN_FILE_ENV)
@@ -63,6 +65,11 @@ def pg_dsn() -> str:
     if not dsn:
         raise ConfigError(f"{PG_DSN_FILE_ENV}: the DSN file {path} is empty")
     return dsn
+
+
+def admin_pg_dsn() -> str:
+    """The set-up connection string (migrations, the demo): never given to a job."""
+    return require_env(ADMIN_PG_DSN_ENV)
 
 
 def lake_root(explicit: str | None = None) -> str:
@@ -93,6 +100,12 @@ HISTORY_WINDOW_ENV = "COLDHARBOR_HISTORY_WINDOW_HOURS"
 # How far back as-of reports may ask; compaction keeps every version inside it.
 DEFAULT_HISTORY_WINDOW_HOURS = 168.0
 REPORTS_DIR = Path(os.environ.get("COLDHARBOR_REPORTS_DIR", PROJECT_DIR / "sql" / "reports"))
+
+
+def reports_dir() -> Path:
+    """The report files' folder as the environment says now (the Airflow worker checks a report in
+    its own long-lived process, whose environment can change after this module was imported)."""
+    return Path(os.environ.get("COLDHARBOR_REPORTS_DIR", PROJECT_DIR / "sql" / "reports"))
 
 
 def history_window_hours() -> float:

@@ -19,6 +19,8 @@ DEFAULT_CONF = {
     "spark.ui.enabled": "false",
     # Reports must not read arbitrary files from SQL (SELECT * FROM parquet.`/etc/...`).
     "spark.sql.runSQLOnFiles": "false",
+    # ...nor substitute ${var}, ${system:...} or ${env:...} into SQL text after it was checked.
+    "spark.sql.variable.substitute": "false",
     "spark.databricks.delta.schema.autoMerge.enabled": "false",
     # Spark 4.2 binds :name parameters inside its parser, which Delta's parser wrapper does not pass
     # on (the parameters stay unbound); the analysis-time binding still works through it. Values

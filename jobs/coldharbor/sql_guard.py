@@ -113,6 +113,11 @@ def table_references(tree: exp.Expression) -> Iterator[exp.Table]:
 def _parse_one(text: str) -> exp.Query:
     if not text or not text.strip():
         raise ReportError("the report has no SQL")
+    if "${" in text:
+        # Spark substitutes ${...} (variables, system properties, the environment) in the SQL text
+        # before it parses it, so what it runs would not be what was checked.
+        raise ReportError("the report uses ${...}, Spark's variable substitution, which is not allowed "
+                          "(it would read settings or the environment, or change the SQL after the check)")
     try:
         statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
     except (ParseError, TokenError) as exc:

@@ -19,7 +19,7 @@ from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor.hot_reader import AS_TEXT, JDBC_FETCH_SIZE
+from coldharbor.hot_reader import AS_TEXT, snapshot_read
 from coldharbor.pg import JdbcTarget
 from coldharbor.registry import LakeColumn, RegisteredTable
 
@@ -88,16 +88,9 @@ def read_table(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, 
     callers cast with their own contract.
     """
     parts = parts or max(1, spark.sparkContext.defaultParallelism)
-    init = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
-            f"SET TRANSACTION SNAPSHOT '{snapshot.snapshot_id}'")
     frame = None
     for start, end in block_ranges(snapshot.blocks, parts):
-        share = (spark.read.format("jdbc").options(**jdbc.options())
-                 .option("query", share_query(table, columns, start, end).as_string(conn))
-                 .option("fetchsize", JDBC_FETCH_SIZE)
-                 .option("preferTimestampNTZ", "true")  # timestamp (no zone) stays zone-free
-                 .option("sessionInitStatement", init)
-                 .option("prepareThreshold", "-1")  # binary rows from the first execution
-                 .load())
+        share = snapshot_read(spark, jdbc, share_query(table, columns, start, end).as_string(conn),
+                              snapshot.snapshot_id)
         frame = share if frame is None else frame.union(share)
     return frame.select(*[F.col(c.name) for c in columns])

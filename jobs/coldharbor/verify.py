@@ -155,6 +155,7 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
     if base_load.load_state(conn, table.table_id).pending:
         raise ConfigError(f"{table.qualified_name} cannot be verified yet: its initial load has not landed "
                           "(the next export writes it)")
+    registry.require_privileges(conn, table)
     columns = registry.lake_columns(conn, table)
     keys = [c.name for c in sorted((c for c in columns if c.is_key), key=lambda c: c.key_position)]
     path = table.lake_path(config.lake_root)
@@ -162,6 +163,7 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
     with conn.transaction():
         # One snapshot: the dirty set and the whole-table read both come from it.
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        registry.guard_read(conn, table)  # before the snapshot
         snapshot = table_reader.export_snapshot(conn, table)
         hot = hot_snapshot.read_in_transaction(conn, {table.table_id: version}, [table]).tables[table.table_id]
         chunk = chunk_expr(conn, table, columns, config.chunks)

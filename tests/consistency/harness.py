@@ -76,7 +76,8 @@ class Held:
 class Run:
     seed: int
     spark: object
-    dsn: str
+    dsn: str             # the jobs' login (coldharbor_pipeline)
+    admin_dsn: str       # set-up's: the table, its registration and the application's writes
     lake_root: str
     rng: random.Random = field(init=False)
     model: Model = field(default_factory=Model)
@@ -94,7 +95,7 @@ class Run:
         self.rng = random.Random(self.seed)
         self.table = f"public.cs_{self.seed}_{uuid.uuid4().hex[:6]}"
         self.target = f"adhoc_cs_{self.table.split('.')[1]}"
-        self.conn = pg.connect(self.dsn)
+        self.conn = pg.connect(self.admin_dsn)
         self.conn.execute(f"CREATE TABLE {self.table} (id int PRIMARY KEY, v text)")
         if self.prefilled is None:
             self.prefilled = self.rng.random() < 0.5
@@ -194,7 +195,7 @@ class Run:
     def hold_open(self, step: int) -> None:
         if self.held is not None:
             return
-        conn = pg.connect(self.dsn, autocommit=False)
+        conn = pg.connect(self.admin_dsn, autocommit=False)
         kind = self.rng.choice(("insert", "update", "delete", "bulk_update"))
         writes = self.write(kind, conn)
         self.held = Held(conn, writes, {k for _, k, _ in writes}, step + self.rng.randint(2, 6))
@@ -218,7 +219,7 @@ class Run:
 
         def hook(point: str) -> None:
             if point == writer_at:
-                with pg.connect(self.dsn) as other, other.transaction():
+                with pg.connect(self.admin_dsn) as other, other.transaction():
                     made.extend(self.write(kind, other))
 
         result = export(self.spark, self.dsn, self.table, self.lake_root, hook)
@@ -442,15 +443,17 @@ class Outcome:
     trace: list[str]
 
 
-def run_sequence(seed: int, steps: int, crash_points: list[str], *, spark, dsn: str, workdir: Path,
-                 prefilled: bool | None = None) -> Outcome:
-    """One seeded sequence of `steps` random steps with the given crash points spread over it; the
-    table holds rows before its registration when `prefilled` (None: the seed decides; always when
-    a crash point of the initial load is asked for)."""
+def run_sequence(seed: int, steps: int, crash_points: list[str], *, spark, dsn: str, admin_dsn: str,
+                 workdir: Path, prefilled: bool | None = None) -> Outcome:
+    """One seeded sequence of `steps` random steps with the given crash points spread over it: the jobs
+    run as `dsn` (the pipeline's login), the application writes as `admin_dsn`. The table holds rows
+    before its registration when `prefilled` (None: the seed decides; always when a crash point of
+    the initial load is asked for)."""
     load_points = [p for p in crash_points if p in LOAD_POINTS]
     if len(load_points) > 1:
         raise ValueError(f"one initial load per sequence: at most one of {LOAD_POINTS}, got {load_points}")
-    run = Run(seed, spark, dsn, str(workdir / f"lake-{seed}"), prefilled=True if load_points else prefilled)
+    run = Run(seed, spark, dsn, admin_dsn, str(workdir / f"lake-{seed}"),
+              prefilled=True if load_points else prefilled)
     rng = random.Random(seed * 7919)
     later = [p for p in crash_points if p not in LOAD_POINTS]
     slots = sorted(rng.sample(range(2, steps), len(later))) if later else []

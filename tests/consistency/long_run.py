@@ -43,7 +43,8 @@ def main(argv: list[str]) -> int:
     points = sorted(p for p in CRASH_POINTS if p not in LOAD_POINTS)
     operations, violations, exercised = 0, 0, set()
     with tempfile.TemporaryDirectory(prefix="coldharbor-consistency-") as folder, \
-            throwaway_server(Path(folder) / "pg") as dsn:
+            throwaway_server(Path(folder) / "pg") as logins:
+        dsn = logins.pipeline
         os.environ["COLDHARBOR_PG_DSN"] = dsn
         spark = get_session("coldharbor-consistency")
         spark.sparkContext.setLogLevel("ERROR")
@@ -55,7 +56,8 @@ def main(argv: list[str]) -> int:
             workdir.mkdir()
             started = time.monotonic()
             try:
-                outcome = run_sequence(seed, args.steps, crash_points, spark=spark, dsn=dsn, workdir=workdir)
+                outcome = run_sequence(seed, args.steps, crash_points, spark=spark, dsn=dsn, admin_dsn=logins.admin,
+                                       workdir=workdir)
             except CrashPointNotReached:
                 raise  # a harness error, not a finding: stop and show it
             except AssertionError as exc:

@@ -23,9 +23,10 @@ def test_the_fast_seeds_cover_every_crash_point():
 
 
 @pytest.mark.parametrize("seed", sorted(FAST_SEEDS))
-def test_random_sequence_matches_the_model(seed, spark, pg_dsn, tmp_path, monkeypatch):
+def test_random_sequence_matches_the_model(seed, spark, pg_dsn, admin_dsn, tmp_path, monkeypatch):
     monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
-    outcome = run_sequence(seed, STEPS, FAST_SEEDS[seed], spark=spark, dsn=pg_dsn, workdir=tmp_path)
+    outcome = run_sequence(seed, STEPS, FAST_SEEDS[seed], spark=spark, dsn=pg_dsn, admin_dsn=admin_dsn,
+                           workdir=tmp_path)
     print(f"seed {seed}: {outcome.steps} steps, {outcome.reports} reports checked, crashes at {outcome.crashes}")
     assert outcome.reports >= 3
     assert sorted(outcome.crashes) == sorted(FAST_SEEDS[seed])

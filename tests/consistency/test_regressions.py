@@ -16,20 +16,20 @@ from tests.consistency.harness import run_sequence
 KEPT = json.loads((Path(__file__).resolve().parent / "regressions.json").read_text())
 
 
-def test_as_of_between_two_changes_exported_together_is_refused(spark, pg_dsn, tmp_path, monkeypatch):
+def test_as_of_between_two_changes_exported_together_is_refused(spark, pg_dsn, admin_dsn, tmp_path, monkeypatch):
     """Seed 1, nine steps: keys inserted in bulk, one of them moved to a new key (a delete of the
     old), one export of both changes; a report as of the instant between insert and move was served
     from the lake without the moved key: the lake had only the move. Fixed by recording each lake
     row's first change time and refusing an as-of inside such a span (test_serve has the direct
     form of it)."""
     monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
-    outcome = run_sequence(1, 9, [], spark=spark, dsn=pg_dsn, workdir=tmp_path, prefilled=False)
+    outcome = run_sequence(1, 9, [], spark=spark, dsn=pg_dsn, admin_dsn=admin_dsn, workdir=tmp_path, prefilled=False)
     assert outcome.trace[3].startswith("bulk_insert") and outcome.trace[5].startswith("pk_change")
     assert "refused, inside a span exported together (correct)" in outcome.trace[8]
 
 
 @pytest.mark.parametrize("case", KEPT, ids=[f"seed-{c['seed']}" for c in KEPT])
-def test_kept_seed_replays_clean(case, spark, pg_dsn, tmp_path, monkeypatch):
+def test_kept_seed_replays_clean(case, spark, pg_dsn, admin_dsn, tmp_path, monkeypatch):
     monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
-    run_sequence(case["seed"], case["steps"], case["crash_points"], spark=spark, dsn=pg_dsn, workdir=tmp_path,
-                 prefilled=case.get("prefilled"))
+    run_sequence(case["seed"], case["steps"], case["crash_points"], spark=spark, dsn=pg_dsn, admin_dsn=admin_dsn,
+                 workdir=tmp_path, prefilled=case.get("prefilled"))

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from airflow.sdk.exceptions import ParamValidationError
 
 PROJECT = Path(__file__).resolve().parents[2]
 # The report headers are read with coldharbor.report_spec (pure Python); nothing else of the jobs.
@@ -75,6 +74,10 @@ def test_parsing_a_dag_file_imports_nothing_heavy(airflow_home):
 
 
 def test_the_resync_dag_takes_the_table_as_a_checked_param_and_cleanup_verifies_after_cleaning(airflow_home):
+    # Imported here: importing Airflow at collection time, before airflow_home is set, would bind it
+    # to a metadata DB without tables for every DAG test of the run.
+    from airflow.sdk.exceptions import ParamValidationError
+
     bag = load(airflow_home)
     resync = bag.dags["coldharbor_resync"]
     [task] = resync.tasks

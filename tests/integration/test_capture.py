@@ -98,7 +98,7 @@ def test_unsupported_types_are_rejected_naming_the_column(pg_conn, table_name, d
     with pytest.raises(psycopg.errors.FeatureNotSupported) as err:
         pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
     assert err.value.diag.message_primary == (
-        f"column bad_col of table {table_name} has type {shown}, which does not round-trip to the lake")
+        f"column bad_col of table public.{table_name} has type {shown}, which does not round-trip to the lake")
     assert pg_conn.execute("SELECT count(*) FROM coldharbor.tables WHERE table_name = %s",
                            (table_name,)).fetchone()[0] == 0
 
@@ -107,13 +107,14 @@ def test_enum_and_composite_types_are_rejected(pg_conn, table_name):
     pg_conn.execute(f"CREATE TYPE {table_name}_mood AS ENUM ('ok'); CREATE TYPE {table_name}_pair AS (a int, b int)")
     for col_type in (f"{table_name}_mood", f"{table_name}_pair"):
         pg_conn.execute(f"DROP TABLE IF EXISTS {table_name}; CREATE TABLE {table_name} (id int PRIMARY KEY, c {col_type})")
-        with pytest.raises(psycopg.errors.FeatureNotSupported, match=f"column c of table {table_name} has type"):
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match=f"column c of table public.{table_name} has type"):
             pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
 
 
 def test_a_table_without_a_primary_key_is_rejected(pg_conn, table_name):
     pg_conn.execute(f"CREATE TABLE {table_name} (id int, v text)")
-    with pytest.raises(psycopg.errors.InvalidTableDefinition, match=f"cannot register {table_name}: it has no primary key"):
+    with pytest.raises(psycopg.errors.InvalidTableDefinition,
+                       match=f"cannot register public.{table_name}: it has no primary key"):
         pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
     assert pg_conn.execute(f"SELECT count(*) FROM pg_trigger WHERE tgrelid = '{table_name}'::regclass").fetchone()[0] == 0
 
@@ -143,7 +144,7 @@ def test_a_column_name_the_lake_cannot_store_is_rejected(pg_conn, table_name, co
     with pytest.raises(psycopg.errors.InvalidName, match=r"has a name the lake cannot store") as failure:
         pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
     quoted = pg_conn.execute("SELECT quote_ident(%s)", (column,)).fetchone()[0]
-    assert failure.value.diag.message_primary.startswith(f"column {quoted} of table {table_name} ")
+    assert failure.value.diag.message_primary.startswith(f"column {quoted} of table public.{table_name} ")
     assert pg_conn.execute("SELECT count(*) FROM coldharbor.tables WHERE table_name = %s",
                            (table_name,)).fetchone()[0] == 0
     assert pg_conn.execute(f"SELECT count(*) FROM pg_trigger WHERE tgrelid = '{table_name}'::regclass").fetchone()[0] == 0

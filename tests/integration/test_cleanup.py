@@ -110,7 +110,8 @@ def test_prunes_flushed_history_and_expires_runs_but_never_dirty_changes(
     pg_conn.execute("INSERT INTO coldharbor.report_runs (run_id, report, mode, state, finished_at) VALUES "
                     "('old-run', 'r', 'strict', 'succeeded', now() - interval '40 days'), "
                     "('new-run', 'r', 'strict', 'succeeded', now() - interval '1 day')")
-    pg_conn.execute("CREATE TABLE reports._ch_stage_orphan_0a1b (x int)")
+    with pg.connect(pg_dsn) as pipeline:  # as a serve run that died before its swap leaves it
+        pipeline.execute("CREATE TABLE reports._ch_stage_orphan_0a1b (x int)")
 
     cleanup(spark, pg_dsn, lake_root, None, dry_run=True)
     assert report_run(pg_conn, "old-run")

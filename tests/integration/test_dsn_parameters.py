@@ -24,13 +24,14 @@ def jdbc_read(spark, dsn: str, query: str):
             .option("query", query).load())
 
 
-def test_application_name_and_options_reach_psycopg_and_a_spark_jdbc_read(spark, pg_dsn, pg_conn):
+def test_application_name_and_options_reach_psycopg_and_a_spark_jdbc_read(spark, admin_dsn, pg_conn):
     schema = f"ch_{uuid.uuid4().hex[:8]}"
     pg_conn.execute(f"CREATE SCHEMA {schema}")
     pg_conn.execute(f"CREATE TABLE {schema}.probe (v text)")  # found unqualified only through search_path
     pg_conn.execute(f"INSERT INTO {schema}.probe VALUES ('from {schema}')")
     name = f"coldharbor-{schema}"
-    dsn = make_conninfo(pg_dsn, application_name=name, options=f"-c search_path={schema},public")
+    # The admin's login: the jobs' role has no USAGE on a schema made here (the parameters are the point).
+    dsn = make_conninfo(admin_dsn, application_name=name, options=f"-c search_path={schema},public")
 
     with pg.connect(dsn) as conn:
         through_psycopg = conn.execute(WHO_AND_WHERE).fetchone()
@@ -88,7 +89,7 @@ spark.stop()
 """
 
 
-def test_the_jdbc_password_is_redacted_in_sparks_plans_and_ui(pg_dsn, tmp_path):
+def test_the_jdbc_password_is_redacted_in_sparks_plans_and_ui(admin_dsn, tmp_path):
     from tests.helpers import PROJECT
 
     script = tmp_path / "ui_probe.py"
@@ -96,12 +97,13 @@ def test_the_jdbc_password_is_redacted_in_sparks_plans_and_ui(pg_dsn, tmp_path):
     with __import__("socket").socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    out = subprocess.run([sys.executable, str(script), pg_dsn, str(port), str(PROJECT / "jobs")],
+    # The admin's login: the probe writes a table in public, which the jobs' role may not.
+    out = subprocess.run([sys.executable, str(script), admin_dsn, str(port), str(PROJECT / "jobs")],
                          capture_output=True, text=True, timeout=600, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
     assert out.returncode == 0, out.stderr[-3000:]
     pages = json.loads(out.stdout.split("PAGES ", 1)[1].splitlines()[0])
     sql = pages["sql?details=true&planDescription=true"]
-    password = conninfo_to_dict(pg_dsn)["password"]
+    password = conninfo_to_dict(admin_dsn)["password"]
     assert "SaveIntoDataSourceCommand" in sql and "redacted" in sql  # the write's options are shown, redacted
     assert password not in out.stdout.split("PAGES ", 1)[0]          # the explained plan
     assert {name: password in text for name, text in pages.items()} == dict.fromkeys(pages, False)

@@ -64,8 +64,8 @@ def test_create_update_delete_log_one_change_each(pg_conn, entity):
     assert pg_conn.execute("SELECT coldharbor.delete_entity(%s)", (row_id,)).fetchone()[0] is False
 
 
-def test_a_record_changed_in_both_tables_in_one_transaction_logs_one_change(pg_dsn, entity):
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+def test_a_record_changed_in_both_tables_in_one_transaction_logs_one_change(admin_dsn, entity):
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
         row_id = put(conn, entity, DOC)
         slot = conn.execute("SELECT hot_slots ->> 'name' FROM coldharbor.entity_schemas WHERE name = %s",
                             (entity,)).fetchone()[0]

@@ -122,9 +122,11 @@ def test_a_type_change_the_lake_cannot_take_is_refused_before_anything_is_writte
     version = lake.pin_version(spark, path)
     view = pg_conn.execute("SELECT pg_get_viewdef(%s::regclass)", (f"entities.{entity}",)).fetchone()[0]
     view = view.strip().rstrip(";")
-    pg_conn.execute(f"DROP VIEW entities.{entity}")
-    pg_conn.execute(f"CREATE VIEW entities.{entity} AS SELECT row_id, schema_version, updated_at, address, "
-                    f"age::text AS age, born, name, note, score, seen, tags, tier, vip FROM ({view}) v")
+    with pg_conn.transaction():  # as the schema's owner, whose views the pipeline may read
+        pg_conn.execute("SET LOCAL ROLE coldharbor_owner")
+        pg_conn.execute(f"DROP VIEW entities.{entity}")
+        pg_conn.execute(f"CREATE VIEW entities.{entity} AS SELECT row_id, schema_version, updated_at, address, "
+                        f"age::text AS age, born, name, note, score, seen, tags, tier, vip FROM ({view}) v")
     put(pg_conn, entity, {**DOC, "name": "x"})
     dirty = dirty_ids(pg_conn, f"entities.{entity}")
     with pytest.raises(ConfigError, match="column age is string in PostgreSQL now but bigint in the lake"):
@@ -172,11 +174,11 @@ def test_purge_deletes_records_in_both_tiers(spark, pg_dsn, pg_conn, entity, lak
     assert lake_table(spark, lake_root, f"entities.{entity}").filter(F.col("tier") == "silver").count() == 0
 
 
-def test_the_demo_entity_report_runs_under_spark_submit(spark, pg_dsn, pg_conn, lake_root):
+def test_the_demo_entity_report_runs_under_spark_submit(spark, pg_dsn, admin_dsn, pg_conn, lake_root):
     """The shipped report over the demo entity schema, as its DAG runs it, with dirty records."""
     from coldharbor import stack
 
-    stack.demo(pg_dsn, rows=300)   # also defines, registers and fills entities.demo_customer
+    stack.demo(admin_dsn, "demo-password", rows=300)   # also defines, registers and fills entities.demo_customer
     export(spark, pg_dsn, f"entities.{stack.DEMO_ENTITY}", lake_root)
     for (row_id,) in pg_conn.execute("SELECT row_id FROM entities.demo_customer LIMIT 5").fetchall():
         stack.put_demo_customer(pg_conn, row_id)             # dirty again: replaced documents

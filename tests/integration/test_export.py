@@ -107,14 +107,14 @@ def test_a_created_lake_table_keeps_statistics_of_keys_sort_columns_and_metadata
                                                                  "_ch_batch_id"}
 
 
-def test_an_update_committed_between_read_and_mark_stays_dirty(spark, pg_dsn, pg_conn, table_name, lake_root):
+def test_an_update_committed_between_read_and_mark_stays_dirty(spark, pg_dsn, admin_dsn, pg_conn, table_name, lake_root):
     """The mark race (invariant 1): marking by key would lose this update."""
     make_table(pg_conn, table_name)
     pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'before'), (2, 'other')")
 
     def update_after_read(point: str) -> None:
         if point == "after_read":
-            with psycopg.connect(pg_dsn, autocommit=True) as writer:
+            with psycopg.connect(admin_dsn, autocommit=True) as writer:
                 writer.execute(f"UPDATE {table_name} SET v = 'racing' WHERE id = 1")
 
     first = export(spark, pg_dsn, table_name, lake_root, hook=update_after_read)
@@ -126,12 +126,12 @@ def test_an_update_committed_between_read_and_mark_stays_dirty(spark, pg_dsn, pg
     assert dirty_ids(pg_conn, table_name) == []
 
 
-def test_a_transaction_holding_a_lower_id_open_is_not_lost(spark, pg_dsn, pg_conn, table_name, lake_root):
+def test_a_transaction_holding_a_lower_id_open_is_not_lost(spark, pg_dsn, admin_dsn, pg_conn, table_name, lake_root):
     """Invariant 2: ids are taken at insert, not commit; no high-water mark may skip id N."""
     make_table(pg_conn, table_name)
     pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a'), (2, 'b')")
     export(spark, pg_dsn, table_name, lake_root)
-    slow = psycopg.connect(pg_dsn)  # not autocommit: holds its transaction open
+    slow = psycopg.connect(admin_dsn)  # not autocommit: holds its transaction open
     try:
         slow.execute(f"UPDATE {table_name} SET v = 'slow' WHERE id = 1")
         pg_conn.execute(f"UPDATE {table_name} SET v = 'fast' WHERE id = 2")
@@ -147,12 +147,12 @@ def test_a_transaction_holding_a_lower_id_open_is_not_lost(spark, pg_dsn, pg_con
     assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT id, v FROM {table_name}", ["id"])
 
 
-def test_many_writers_during_exports_converge(spark, pg_dsn, pg_conn, table_name, lake_root):
+def test_many_writers_during_exports_converge(spark, pg_dsn, admin_dsn, pg_conn, table_name, lake_root):
     make_table(pg_conn, table_name)
     stop = threading.Event()
 
     def writer(offset: int) -> None:
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
             n = 0
             while not stop.is_set() and n < 400:
                 key = offset + n % 40

@@ -9,7 +9,7 @@ import pytest
 from coldharbor import lake, pg, registry
 from coldharbor.compaction import CompactionConfig, compact_table
 from coldharbor.purge import PurgeConfig, main as purge_main, purge
-from tests.helpers import export, lake_live, pg_rows, serve_report
+from tests.helpers import evict, export, lake_live, pg_rows, serve_report
 
 DDL = "id bigint PRIMARY KEY, customer text, amount numeric(10,2)"
 
@@ -34,9 +34,7 @@ def history_of_c1(spark, pg_dsn, pg_conn, name, lake_root):
     with pg.connect(pg_dsn) as conn:
         [table] = registry.load(conn, name)
         compact_table(spark, conn, table, CompactionConfig(None, lake_root, f"c-{name}", min_small_files=2))
-    with pg_conn.transaction():  # id 13 (c1) evicted: only the lake has it now
-        pg_conn.execute("SELECT set_config('coldharbor.evicting', 'on', true)")
-        pg_conn.execute(f"DELETE FROM {name} WHERE id = 13")
+    evict(pg_conn, name, "id = 13")  # id 13 (c1) evicted: only the lake has it now
     pg_conn.execute(f"INSERT INTO {name} VALUES (100, 'c1', 1)")          # dirty, never exported
 
 

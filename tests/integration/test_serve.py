@@ -125,7 +125,8 @@ def test_the_collected_images_enter_the_plan_as_an_rdd_read_once(spark, pg_dsn, 
     assert sorted(r["id"] for r in frame.collect()) == list(range(1, 51))
 
 
-def test_a_report_joining_two_tables_sees_both_at_one_instant(spark, pg_dsn, pg_conn, lake_root, monkeypatch):
+def test_a_report_joining_two_tables_sees_both_at_one_instant(spark, pg_dsn, admin_dsn, pg_conn, lake_root,
+                                                               monkeypatch):
     pg_conn.execute("CREATE TABLE acct_a (id int PRIMARY KEY, balance bigint NOT NULL)")
     pg_conn.execute("CREATE TABLE acct_b (id int PRIMARY KEY, balance bigint NOT NULL)")
     for name in ("acct_a", "acct_b"):
@@ -135,7 +136,7 @@ def test_a_report_joining_two_tables_sees_both_at_one_instant(spark, pg_dsn, pg_
     stop = threading.Event()
 
     def transfers():  # each transaction moves money from acct_a to acct_b: the total never changes
-        with pg.connect(pg_dsn) as conn:
+        with pg.connect(admin_dsn) as conn:
             i = 0
             while not stop.is_set():
                 with conn.transaction():

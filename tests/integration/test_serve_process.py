@@ -16,8 +16,8 @@ def test_help_documents_the_job():
         assert option in out
 
 
-def test_a_shipped_report_runs_under_spark_submit(spark, pg_dsn, pg_conn, lake_root):
-    stack.demo(pg_dsn, rows=500)  # demo_orders, registered, with inserts, updates and deletes
+def test_a_shipped_report_runs_under_spark_submit(spark, pg_dsn, admin_dsn, pg_conn, lake_root):
+    stack.demo(admin_dsn, "demo-password", rows=500)  # demo_orders, registered, with inserts, updates and deletes
     export(spark, pg_dsn, "public.demo_orders", lake_root)
     pg_conn.execute("UPDATE demo_orders SET status = 'refunded' WHERE order_id % 10 = 1")  # dirty again
     done = spark_submit("serve_report.py", pg_dsn, lake_root, "--report", "demo_orders_by_status",

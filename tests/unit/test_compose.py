@@ -100,6 +100,22 @@ def test_airflow_runs_the_dags_on_the_cluster_with_the_lake_on_s3a(stack):
     assert worker_env["AWS_ACCESS_KEY_ID"] == env["AWS_ACCESS_KEY_ID"]
 
 
+def test_the_superuser_password_reaches_set_up_only(stack):
+    """The jobs log in as coldharbor_pipeline; the superuser's password is in PostgreSQL's own service
+    and in airflow-init (which migrates), nowhere an Airflow worker, a job or the workload can read it."""
+    services = stack["services"]
+    for name, service in services.items():
+        env = service.get("environment") or {}
+        holds = any("COLDHARBOR_PG_PASSWORD" in str(value) for value in env.values())
+        assert holds == (name in ("postgres", "airflow-init")), name
+        assert ("COLDHARBOR_ADMIN_PG_DSN" in env) == (name == "airflow-init"), name
+    pg = json.loads(services["airflow-scheduler"]["environment"]["AIRFLOW_CONN_COLDHARBOR_PG"])
+    assert pg["login"] == "coldharbor_pipeline" and "COLDHARBOR_PIPELINE_PASSWORD" in pg["password"]
+    assert services["workload"]["environment"]["COLDHARBOR_PG_DSN"].startswith("postgresql://coldharbor_demo:")
+    init = services["airflow-init"]["command"][0]
+    assert "python -m coldharbor.migrate" in init and "python -m coldharbor.stack demo" in init
+
+
 def test_hadoop_aws_matches_the_hadoop_client_pyspark_ships(stack):
     """hadoop-aws must be the exact version of PySpark's hadoop-client jars, or s3a fails at run time."""
     import pyspark

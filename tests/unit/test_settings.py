@@ -17,6 +17,42 @@ def test_missing_dsn_is_a_clear_error(monkeypatch):
         settings.pg_dsn()
 
 
+def test_missing_admin_dsn_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv(settings.ADMIN_PG_DSN_ENV, raising=False)
+    with pytest.raises(ConfigError, match="COLDHARBOR_ADMIN_PG_DSN is not set"):
+        settings.admin_pg_dsn()
+
+
+def test_migrate_without_the_admin_dsn_refuses_clearly():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "coldharbor.migrate"], capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(settings.PROJECT_DIR / "jobs"),
+                               settings.PG_DSN_ENV: "postgresql://coldharbor_pipeline:x@127.0.0.1:1/db"})
+    assert done.returncode == 2
+    assert "COLDHARBOR_ADMIN_PG_DSN is not set" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_airflow_and_the_jobs_never_inherit_set_up_secrets(monkeypatch):
+    from coldharbor import service
+
+    for name in service.SETUP_ONLY:
+        monkeypatch.setenv(name, "postgresql://postgres:superuser-secret@127.0.0.1:5432/postgres")
+    env = service.airflow_env("postgresql://coldharbor_pipeline:pipeline-secret@127.0.0.1:54329/postgres")
+    assert "superuser-secret" not in repr(env)
+    assert '"login": "coldharbor_pipeline"' in env["AIRFLOW_CONN_COLDHARBOR_PG"]
+
+
+def test_a_login_dsn_keeps_server_and_database_and_quotes_the_password():
+    from coldharbor import roles
+
+    dsn = roles.login_dsn("postgresql://postgres:x@db.internal:6543/shop", "coldharbor_pipeline", "p@ss/word")
+    target = JdbcTarget.from_dsn(dsn)
+    assert (target.url, target.user, target.password) == ("jdbc:postgresql://db.internal:6543/shop",
+                                                          "coldharbor_pipeline", "p@ss/word")
+
+
 def test_jdbc_target_keeps_the_password_out_of_the_url():
     target = JdbcTarget.from_dsn("postgresql://app:s3cret@db.internal:6543/shop")
     assert target.url == "jdbc:postgresql://db.internal:6543/shop"

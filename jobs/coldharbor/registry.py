@@ -164,10 +164,14 @@ def guard_read(conn: psycopg.Connection, table: RegisteredTable) -> None:
     """Locks a registered table for the caller's transaction (ACCESS SHARE) and raises PrivilegeError
     unless reading it runs no code of its owner's as the job's role: it must still be a table (a view
     runs its functions as whoever reads it) without row-level security (policies too). Call it first
-    in the transaction that reads the table; the lock keeps the answer true until it ends."""
+    in the transaction that reads the table; the lock keeps the answer true until it ends. A table
+    dropped since it was registered raises MissingTableError."""
     if table.source_kind != "table":
         return  # entity views and tables are the schema owner's
-    conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(table.identifier))
+    try:
+        conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(table.identifier))
+    except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+        raise MissingTableError(missing_message([table.qualified_name])) from None
     refusal = conn.execute("SELECT coldharbor.read_refusal(%s::regclass)",
                            (table.identifier.as_string(conn),)).fetchone()[0]
     if refusal:

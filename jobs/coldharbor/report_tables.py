@@ -46,6 +46,7 @@ def swap_in(conn: psycopg.Connection, stage: str, target: str) -> int:
             rows = _count(conn, staged)
             conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(staged, sql.Identifier(target)))
         elif current == _columns(conn, staged):
+            _require(conn, table, "the new result is written into it in place", "SELECT, INSERT, DELETE")
             conn.execute(sql.SQL("DELETE FROM {}").format(table))
             names = sql.SQL(", ").join(sql.Identifier(name) for name, _ in current)
             rows = conn.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
@@ -75,6 +76,8 @@ def _replace(conn: psycopg.Connection, stage: str, target: str, old_columns: lis
     staged, table = sql.Identifier(REPORTS_SCHEMA, stage), sql.Identifier(REPORTS_SCHEMA, target)
     owner, grants = _owner_and_grants(conn, table)
     new_columns = _columns(conn, staged)
+    _require(conn, table, f"the report's columns changed ({_describe(old_columns)} -> {_describe(new_columns)}) "
+                          "and a table is replaced by its owner", None)
     try:
         conn.execute(sql.SQL("DROP TABLE {}").format(table))
     except psycopg.errors.DependentObjectsStillExist as exc:
@@ -92,6 +95,28 @@ def _replace(conn: psycopg.Connection, stage: str, target: str, old_columns: lis
         conn.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(table, sql.Identifier(owner)))
     log.warning("%s.%s was replaced: the report's columns changed (its grants and owner were carried over)",
                 REPORTS_SCHEMA, target)
+
+
+def _require(conn: psycopg.Connection, table: sql.Identifier, why: str, privileges: str | None) -> None:
+    """Raises ReportError (nothing changed) unless the job's role holds `privileges` on the report
+    table, or, with None, may act as its owner: an administrator may have handed the table to
+    another role, and the job must say what to grant rather than fail half-way."""
+    name = table.as_string(conn).replace('"', "")
+    owner, allowed = conn.execute(
+        """SELECT pg_get_userbyid(c.relowner),
+                  CASE WHEN %(privileges)s::text IS NULL THEN pg_has_role(current_user, c.relowner, 'USAGE')
+                       ELSE has_table_privilege(current_user, c.oid, 'SELECT')
+                        AND has_table_privilege(current_user, c.oid, 'INSERT')
+                        AND has_table_privilege(current_user, c.oid, 'DELETE') END
+             FROM pg_catalog.pg_class c WHERE c.oid = to_regclass(%(table)s)""",
+        {"privileges": privileges, "table": table.as_string(conn)}).fetchone()
+    if allowed:
+        return
+    role = conn.execute("SELECT current_user").fetchone()[0]
+    grant = (f"GRANT {privileges} ON {name} TO {role}" if privileges is not None
+             else f"ALTER TABLE {name} OWNER TO {role}, or drop it")
+    raise ReportError(f"{name} belongs to {owner} and {why}, which the job's role {role} may not do: as its owner, "
+                      f"{grant}; nothing was written")
 
 
 def _owner_and_grants(conn: psycopg.Connection, table: sql.Identifier) -> tuple[str, list[tuple[str, str | None, bool]]]:

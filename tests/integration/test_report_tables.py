@@ -34,12 +34,14 @@ def test_grants_views_owner_and_a_reader_s_snapshot_survive_a_new_result(
     assert run(monkeypatch, pg_dsn, lake_root, sql, target, "--param", "upto=10") == 0
     pg_conn.execute(f"CREATE ROLE {reader}; CREATE ROLE {owner}")
     pg_conn.execute(f"GRANT SELECT ON reports.{target} TO {reader}")
+    # An administrator hands the table to another role, which lets the jobs keep writing it.
     pg_conn.execute(f"ALTER TABLE reports.{target} OWNER TO {owner}")
+    pg_conn.execute(f"GRANT SELECT, INSERT, DELETE ON reports.{target} TO coldharbor_pipeline")
     pg_conn.execute(f"CREATE VIEW public.v_{table_name} AS SELECT count(*) AS n FROM reports.{target}")
     before = table_facts(pg_conn, target, reader)
     with pg.connect(pg_dsn, autocommit=False) as snapshot_reader:
         snapshot_reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        snapshot_reader.execute("SELECT 1")  # its snapshot is taken here, before the new result
+        snapshot_reader.execute(f"SELECT 1 FROM reports.{target} LIMIT 0")  # its snapshot is taken here
 
         assert run(monkeypatch, pg_dsn, lake_root, sql, target, "--param", "upto=30") == 0
         # The old complete result, never an empty or missing table, for the rest of its transaction.
@@ -49,14 +51,32 @@ def test_grants_views_owner_and_a_reader_s_snapshot_survive_a_new_result(
     assert pg_conn.execute(f"SELECT count(*), max(id) FROM reports.{target}").fetchone() == (30, 30)
 
 
+def test_a_report_table_the_jobs_may_no_longer_write_is_refused_with_the_grant_to_give(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
+    make_table(pg_conn, table_name)
+    target, owner = f"adhoc_{table_name}", f"owner_{table_name}"
+    assert run(monkeypatch, pg_dsn, lake_root, UPTO.format(t=table_name), target, "--param", "upto=10") == 0
+    pg_conn.execute(f"CREATE ROLE {owner}")
+    pg_conn.execute(f"ALTER TABLE reports.{target} OWNER TO {owner}")
+    for n, sql in enumerate([UPTO.format(t=table_name), UPTO.replace("id, v", "id").format(t=table_name)]):  # in place; replaced
+        run_id = f"not-ours-{n}-{table_name}"
+        assert run(monkeypatch, pg_dsn, lake_root, sql, target, "--param", "upto=30", "--run-id", run_id) == 2
+        error = report_run(pg_conn, run_id)["error"]
+        assert f"reports.{target} belongs to {owner}" in error and "nothing was written" in error, error
+        assert ("GRANT SELECT, INSERT, DELETE ON" if n == 0 else "OWNER TO coldharbor_pipeline") in error, error
+        assert pg_conn.execute(f"SELECT count(*), max(id) FROM reports.{target}").fetchone() == (10, 10)
+    assert pg_conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'reports' "
+                           "AND tablename LIKE '\\_ch\\_stage\\_%'").fetchone()[0] == 0
+
+
 def test_changed_columns_replace_the_table_with_its_grants_unless_something_depends_on_it(
         spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
     make_table(pg_conn, table_name)
-    target, reader, owner = f"adhoc_{table_name}", f"reader_{table_name}", f"owner_{table_name}"
+    target, reader = f"adhoc_{table_name}", f"reader_{table_name}"
     assert run(monkeypatch, pg_dsn, lake_root, f"SELECT id, v FROM {table_name}", target) == 0
-    pg_conn.execute(f"CREATE ROLE {reader}; CREATE ROLE {owner}")
+    pg_conn.execute(f"CREATE ROLE {reader}")
     pg_conn.execute(f"GRANT SELECT ON reports.{target} TO {reader}")
-    pg_conn.execute(f"ALTER TABLE reports.{target} OWNER TO {owner}")
+    owner = table_facts(pg_conn, target, reader)[1]
 
     assert run(monkeypatch, pg_dsn, lake_root, f"SELECT id, v, id * 2 AS twice FROM {table_name}", target) == 0
     assert table_facts(pg_conn, target, reader)[1:] == (owner, True)

@@ -28,7 +28,16 @@ def test_as_of_between_two_changes_exported_together_is_refused(spark, pg_dsn, a
     assert "refused, inside a span exported together (correct)" in outcome.trace[8]
 
 
-@pytest.mark.parametrize("case", KEPT, ids=[f"seed-{c['seed']}" for c in KEPT])
+def test_the_kept_seeds_file_lists_replayable_sequences():
+    """regressions.json is a list of {seed, steps, crash_points[, prefilled]}; an entry the replay
+    below cannot read would otherwise be a counter-example silently dropped."""
+    assert isinstance(KEPT, list)
+    for case in KEPT:
+        assert {"seed", "steps", "crash_points"} <= set(case) <= {"seed", "steps", "crash_points", "prefilled"}, case
+        assert isinstance(case["seed"], int) and isinstance(case["steps"], int) and case["steps"] > 0, case
+
+
+@pytest.mark.parametrize("case", KEPT, ids=[f"seed-{c['seed']}" for c in KEPT])  # skipped while none are kept
 def test_kept_seed_replays_clean(case, spark, pg_dsn, admin_dsn, tmp_path, monkeypatch):
     monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
     run_sequence(case["seed"], case["steps"], case["crash_points"], spark=spark, dsn=pg_dsn, admin_dsn=admin_dsn,

@@ -266,8 +266,7 @@ def parse_args(argv: list[str]) -> CleanupConfig:
 
 
 def run(spark: SparkSession, conn: psycopg.Connection, config: CleanupConfig) -> list[TableCleanup]:
-    tables = registry.load(conn, config.table)
-    registry.require_present(tables)  # eviction needs the relation: refused before anything is done
+    tables = registry.load(conn, config.table)  # main() refused a dropped one before Spark started
     # Dead report runs first: while one still looks 'running', eviction's cutoff and the staging
     # tables wait on it.
     for run_id in report_runs.expire_dead(conn, "cleanup", config.dry_run):

@@ -46,7 +46,7 @@ def swap_in(conn: psycopg.Connection, stage: str, target: str) -> int:
             rows = _count(conn, staged)
             conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(staged, sql.Identifier(target)))
         elif current == _columns(conn, staged):
-            _require(conn, table, "the new result is written into it in place", "SELECT, INSERT, DELETE")
+            _require(conn, target, "the new result is written into it in place", "SELECT, INSERT, DELETE")
             conn.execute(sql.SQL("DELETE FROM {}").format(table))
             names = sql.SQL(", ").join(sql.Identifier(name) for name, _ in current)
             rows = conn.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
@@ -76,7 +76,7 @@ def _replace(conn: psycopg.Connection, stage: str, target: str, old_columns: lis
     staged, table = sql.Identifier(REPORTS_SCHEMA, stage), sql.Identifier(REPORTS_SCHEMA, target)
     owner, grants = _owner_and_grants(conn, table)
     new_columns = _columns(conn, staged)
-    _require(conn, table, f"the report's columns changed ({_describe(old_columns)} -> {_describe(new_columns)}) "
+    _require(conn, target, f"the report's columns changed ({_describe(old_columns)} -> {_describe(new_columns)}) "
                           "and a table is replaced by its owner", None)
     try:
         conn.execute(sql.SQL("DROP TABLE {}").format(table))
@@ -97,11 +97,11 @@ def _replace(conn: psycopg.Connection, stage: str, target: str, old_columns: lis
                 REPORTS_SCHEMA, target)
 
 
-def _require(conn: psycopg.Connection, table: sql.Identifier, why: str, privileges: str | None) -> None:
+def _require(conn: psycopg.Connection, target: str, why: str, privileges: str | None) -> None:
     """Raises ReportError (nothing changed) unless the job's role holds `privileges` on the report
     table, or, with None, may act as its owner: an administrator may have handed the table to
     another role, and the job must say what to grant rather than fail half-way."""
-    name = table.as_string(conn).replace('"', "")
+    table, name = sql.Identifier(REPORTS_SCHEMA, target), f"{REPORTS_SCHEMA}.{target}"
     owner, allowed = conn.execute(
         """SELECT pg_get_userbyid(c.relowner),
                   CASE WHEN %(privileges)s::text IS NULL THEN pg_has_role(current_user, c.relowner, 'USAGE')

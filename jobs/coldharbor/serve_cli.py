@@ -178,6 +178,11 @@ def main(argv: list[str]) -> int:
         log.error("serve_report failed (run %s): lost PostgreSQL: %s", record.run_id, exc)
         return 2
     except Exception as exc:  # recorded, then shown whole: this is a bug or an unforeseen failure
+        lost = pg.lost_postgres(exc)  # ...unless a Spark JDBC reader or writer lost PostgreSQL
+        if lost is not None:
+            _record_failure(conn, record, str(lost))
+            log.error("serve_report failed (run %s): %s", record.run_id, lost)
+            return 2
         _record_failure(conn, record, f"{type(exc).__name__}: {exc}")
         log.exception("serve_report failed (run %s) unexpectedly", record.run_id)
         return 1

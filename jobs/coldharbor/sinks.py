@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame
 
 from coldharbor import faults, lake, report_tables
 from coldharbor.errors import LakeUnavailableError
-from coldharbor.pg import JdbcTarget, lost_postgres
+from coldharbor.pg import JdbcTarget
 from coldharbor.report_spec import REPORTS_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -36,16 +36,10 @@ def write_postgres(result: DataFrame, conn: psycopg.Connection, jdbc: JdbcTarget
     """Writes `result` to reports.<target>, atomically for readers; returns the row count."""
     stage = stage_name(target)
     try:
-        try:
-            (result.write.format("jdbc").options(**jdbc.options())
-             .option("dbtable", f'{REPORTS_SCHEMA}."{stage}"')
-             .option("batchsize", JDBC_WRITE_BATCH)
-             .mode("errorifexists").save())
-        except Exception as exc:
-            lost = lost_postgres(exc)
-            if lost is not None:
-                raise lost from exc
-            raise
+        (result.write.format("jdbc").options(**jdbc.options())
+         .option("dbtable", f'{REPORTS_SCHEMA}."{stage}"')
+         .option("batchsize", JDBC_WRITE_BATCH)
+         .mode("errorifexists").save())
         faults.from_environment("report_after_stage")
         rows = report_tables.swap_in(conn, stage, target)
     except BaseException:

@@ -13,7 +13,7 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 
-from coldharbor import faults
+from coldharbor import faults, pg
 from coldharbor.errors import ReportError
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ
 from coldharbor.pg import JdbcTarget
@@ -175,7 +175,7 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
 def snapshot_read(spark: SparkSession, jdbc: JdbcTarget, query: str, snapshot_id: str, settings: str = "") -> DataFrame:
     """One JDBC reader of `query` inside the exported snapshot `snapshot_id` (lazy: each action
     re-reads, importing the snapshot again; its exporter must still be open)."""
-    init = f"{settings}BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'"
+    init = f"{pg.session_settings_sql()}{settings}BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'"
     return (spark.read.format("jdbc").options(**jdbc.options())
             .option("query", query)
             .option("fetchsize", JDBC_FETCH_SIZE)

@@ -116,12 +116,13 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
                 result.lake_rows_deleted, result.lake_version = _merge_delete(
                     spark, path, rows.schema, key_names, sorted(all_keys, key=repr), predicate, config)
         result.keys_purged = len(all_keys)
+        # The keys as capture logs them: coldharbor.key_sql() builds their canonical form (invariant 15).
+        canonical_key = conn.execute("SELECT coldharbor.key_sql(%s, 'u')", (table.table_id,)).fetchone()[0]
         result.change_log_deleted = conn.execute(sql.SQL("""
             DELETE FROM coldharbor.change_log
              WHERE table_id = {table_id}
-               AND key IN (SELECT jsonb_build_object({pairs}) FROM unnest({arrays}) AS u({names}))""").format(
-            table_id=sql.Literal(table.table_id),
-            pairs=sql.SQL(", ").join(sql.SQL("{}, u.{}").format(sql.Literal(k), sql.Identifier(k)) for k in key_names),
+               AND key IN (SELECT {canonical_key} FROM unnest({arrays}) AS u({names}))""").format(
+            table_id=sql.Literal(table.table_id), canonical_key=sql.SQL(canonical_key),
             arrays=sql.SQL(", ").join(sql.SQL("%s::{}[]").format(sql.SQL(c.pg_type)) for c in keys),
             names=sql.SQL(", ").join(sql.Identifier(k) for k in key_names)),
             [[key[i] for key in all_keys] for i in range(len(keys))]).rowcount

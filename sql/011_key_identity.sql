@@ -73,6 +73,86 @@ BEGIN
 END;
 $$;
 
+-- A write racing an eviction (issue 20, item 3).
+--
+-- Tiered tables (a hot retention) are for rows the application no longer changes. Still, a write
+-- must never be lost silently: an UPDATE or DELETE blocked on eviction's row lock would, in READ
+-- COMMITTED, find the row gone once eviction commits and change nothing, with no error and no
+-- change logged. So:
+--   * evict() holds, until its transaction ends, an exclusive transaction advisory lock on the table
+--     (namespace 0x43480007, the table id) and records its transaction in coldharbor.evictions when
+--     it evicted rows;
+--   * every UPDATE or DELETE statement on a tiered table first runs coldharbor.evict_guard() (a
+--     BEFORE ... FOR EACH STATEMENT trigger), which takes that lock shared until the writer's
+--     transaction ends (an eviction in progress is waited for; a new one waits for the writer) and
+--     then fails with SQLSTATE 40001 (serialization_failure) when an eviction of the table committed
+--     that the statement's snapshot does not see: the statement may have been about to change
+--     rows that are no longer there. The application retries, as after any serialization failure.
+--   * an UPDATE or DELETE of a key evicted before the statement started affects 0 rows (the row is
+--     not in the hot tier; reports keep serving its lake version). INSERT of an evicted key writes a
+--     new version, which is captured and wins over the lake's.
+-- Eviction waits at most EVICT_LOCK_WAIT for writers' transactions, then evicts nothing this run.
+
+-- The last eviction transaction of each table that evicted rows. Written by evict() alone.
+CREATE TABLE coldharbor.evictions (
+    table_id integer PRIMARY KEY,
+    xact     xid8    NOT NULL
+);
+
+-- Whether an eviction of p_table_id committed that p_snapshot does not see. Waits for an eviction in
+-- progress and keeps new ones out until the caller's transaction ends (the shared lock). VOLATILE:
+-- its query takes a new snapshot, which sees an eviction that committed while it waited.
+CREATE FUNCTION coldharbor.evicted_since(p_table_id integer, p_snapshot pg_snapshot)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1128792071, p_table_id);   -- 0x43480007: eviction
+    RETURN EXISTS (SELECT 1 FROM coldharbor.evictions
+                    WHERE table_id = p_table_id AND NOT pg_visible_in_snapshot(xact, p_snapshot)
+                      AND xact IS DISTINCT FROM pg_current_xact_id_if_assigned());
+END;
+$$;
+
+-- The BEFORE UPDATE OR DELETE statement trigger of a tiered table (TG_ARGV[0]: its table id).
+-- STABLE, so pg_current_snapshot() is the snapshot of the statement that fired it.
+CREATE FUNCTION coldharbor.evict_guard()
+RETURNS trigger
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF coldharbor.evicted_since(TG_ARGV[0]::integer, pg_current_snapshot()) THEN
+        RAISE EXCEPTION 'could not % %: rows of it were evicted from the hot tier while this statement ran',
+            lower(TG_OP), TG_RELID::regclass
+            USING ERRCODE = 'serialization_failure',
+                  HINT = 'Retry the transaction. Evicted rows are in the lake only: an UPDATE or DELETE of them '
+                      || 'changes nothing, an INSERT of their key writes a new version.';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- As 009's, but evict_guard (which only reads) is among the triggers that may run when the schema
+-- owner deletes.
+CREATE OR REPLACE FUNCTION coldharbor.owner_delete_refusal(p_table regclass)
+RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    WITH RECURSIVE members(relid) AS (
+        SELECT p_table::oid
+        UNION
+        SELECT i.inhrelid FROM pg_inherits i JOIN members m ON i.inhparent = m.relid)
+    SELECT coalesce(
+        coldharbor.read_refusal(p_table),
+        (SELECT format('%s has row-level security', c.oid::regclass)
+           FROM members m JOIN pg_class c ON c.oid = m.relid WHERE c.relrowsecurity LIMIT 1),
+        (SELECT format('trigger %s on %s runs on DELETE', quote_ident(t.tgname), t.tgrelid::regclass)
+           FROM members m JOIN pg_trigger t ON t.tgrelid = m.relid
+          WHERE NOT t.tgisinternal AND (t.tgtype & 8) <> 0     -- TRIGGER_TYPE_DELETE
+            AND t.tgfoid NOT IN (SELECT oid FROM pg_proc WHERE pronamespace = 'coldharbor'::regnamespace
+                                    AND (proname ~ '^capture_[0-9]+_(ins|upd|del|trunc)$' OR proname = 'evict_guard'))
+          LIMIT 1),
+        (SELECT format('rule %s on %s runs on DELETE', quote_ident(r.rulename), r.ev_class::regclass)
+           FROM members m JOIN pg_rewrite r ON r.ev_class = m.relid WHERE r.ev_type = '4' LIMIT 1))
+$$;
+
 -- (Re)creates the capture of one registered table: four trigger functions owned by the schema
 -- owner (SECURITY DEFINER, fixed search_path, no EXECUTE for anyone else) and the statement-level
 -- triggers calling them. It runs as the owner, which holds TRIGGER on every registered table
@@ -169,13 +249,21 @@ BEGIN
                    v_rel, v_prefix);
     EXECUTE format('CREATE OR REPLACE TRIGGER coldharbor_capture_trunc BEFORE TRUNCATE ON %s '
                    'FOR EACH STATEMENT EXECUTE FUNCTION %s_trunc()', v_rel, v_prefix);
+
+    -- A tiered table's writes must not race an eviction unnoticed (evict_guard, below).
+    IF t.hot_retention IS NOT NULL THEN
+        EXECUTE format('CREATE OR REPLACE TRIGGER coldharbor_evict_guard BEFORE UPDATE OR DELETE ON %s '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION coldharbor.evict_guard(%L)', v_rel, t.table_id);
+    ELSE
+        EXECUTE format('DROP TRIGGER IF EXISTS coldharbor_evict_guard ON %s', v_rel);
+    END IF;
 END;
 $install$;
 
 -- Evicts from the hot tier the rows of one table whose every change is flushed, and was made and
--- flushed before p_cutoff; returns how many rows went (or would go, with p_dry_run). As 004's
--- version, but it runs as the schema owner and suspends the capture of this table for its own
--- delete only (capture_suspended), instead of setting a session variable anyone could set.
+-- flushed before p_cutoff; returns how many rows went (or would go, with p_dry_run). It runs as the
+-- schema owner and suspends the capture of this table for its own delete only (capture_suspended).
+-- Keys are compared in canonical form (key_sql), and writers racing it are refused (evict_guard).
 CREATE OR REPLACE FUNCTION coldharbor.evict(p_table_id integer, p_cutoff timestamptz, p_dry_run boolean DEFAULT false)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -185,11 +273,27 @@ DECLARE
     v_key_t  text;
     v_ctids  tid[];
     v_count  bigint;
+    v_timeout text;
 BEGIN
     SELECT * INTO STRICT t FROM coldharbor.tables WHERE table_id = p_table_id;
     v_rel := format('%I.%I', t.schema_name, t.table_name);
     v_key_t := coldharbor.key_sql(p_table_id, 't');
     PERFORM coldharbor.lock_for_owner_delete(v_rel::regclass);
+
+    -- 0. Writers' transactions on the table hold the eviction lock shared (evict_guard). Wait for them
+    --    a while, then evict nothing this run rather than keep later writers queued behind us.
+    IF NOT p_dry_run THEN
+        v_timeout := current_setting('lock_timeout');
+        PERFORM set_config('lock_timeout', '5s', true);
+        BEGIN
+            PERFORM pg_advisory_xact_lock(1128792071, p_table_id);   -- 0x43480007: eviction
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM set_config('lock_timeout', v_timeout, true);
+            RAISE NOTICE '%: writers kept the table busy; nothing evicted this run', v_rel;
+            RETURN 0;
+        END;
+        PERFORM set_config('lock_timeout', v_timeout, true);
+    END IF;
 
     -- 1. Lock the candidates. A row being written right now is skipped, not waited for.
     EXECUTE format($q$
@@ -218,10 +322,93 @@ BEGIN
       USING v_ctids, p_cutoff;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     DELETE FROM coldharbor.capture_suspended WHERE xact = pg_current_xact_id() AND table_id = t.table_id;
+    IF v_count > 0 AND NOT p_dry_run THEN   -- writers whose snapshot misses this commit get 40001
+        INSERT INTO coldharbor.evictions (table_id, xact) VALUES (t.table_id, pg_current_xact_id())
+            ON CONFLICT (table_id) DO UPDATE SET xact = EXCLUDED.xact;
+    END IF;
     RETURN v_count;
 END;
 $$;
 
+
+-- As 009's, with evict_guard among the triggers that may run when the schema owner deletes
+-- (owner_delete_refusal) and coldharbor.evictions among the tables only the owner writes.
+CREATE OR REPLACE FUNCTION coldharbor.apply_privileges()
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
+BEGIN
+    ALTER SCHEMA coldharbor OWNER TO coldharbor_owner;
+    ALTER SCHEMA entities OWNER TO coldharbor_owner;
+    ALTER SCHEMA reports OWNER TO coldharbor_owner;
+    -- Tables, views and sequences; a sequence owned by a table moves with it, so sequences come last.
+    FOR r IN SELECT c.oid::regclass AS rel, c.relkind FROM pg_class c
+              WHERE c.relnamespace IN ('coldharbor'::regnamespace, 'entities'::regnamespace)
+                AND c.relkind IN ('r', 'p', 'v', 'm', 'f') AND c.relowner <> 'coldharbor_owner'::regrole LOOP
+        EXECUTE format('ALTER %s %s OWNER TO coldharbor_owner',
+                       CASE r.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
+                                      WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END, r.rel);
+    END LOOP;
+    FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c
+              WHERE c.relnamespace IN ('coldharbor'::regnamespace, 'entities'::regnamespace)
+                AND c.relkind = 'S' AND c.relowner <> 'coldharbor_owner'::regrole LOOP
+        EXECUTE format('ALTER SEQUENCE %s OWNER TO coldharbor_owner', r.rel);
+    END LOOP;
+    FOR r IN SELECT p.oid::regprocedure AS fn, p.prokind FROM pg_proc p
+              WHERE p.pronamespace = 'coldharbor'::regnamespace AND p.proowner <> 'coldharbor_owner'::regrole LOOP
+        EXECUTE format('ALTER %s %s OWNER TO coldharbor_owner',
+                       CASE r.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE' ELSE 'FUNCTION' END, r.fn);
+    END LOOP;
+    -- Report tables are swapped in by the pipeline (drop and rename), which only their owner may do.
+    FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c
+              WHERE c.relnamespace = 'reports'::regnamespace AND c.relkind IN ('r', 'p')
+                AND c.relowner <> 'coldharbor_pipeline'::regrole LOOP
+        EXECUTE format('ALTER TABLE %s OWNER TO coldharbor_pipeline', r.rel);
+    END LOOP;
+
+    GRANT USAGE ON SCHEMA coldharbor, entities TO coldharbor_pipeline, coldharbor_app;
+    GRANT USAGE, CREATE ON SCHEMA reports TO coldharbor_pipeline;
+
+    REVOKE ALL ON ALL FUNCTIONS IN SCHEMA coldharbor FROM PUBLIC;
+    FOR r IN SELECT p.oid::regprocedure AS fn, p.prosecdef,
+                    p.prorettype IN ('trigger'::regtype, 'event_trigger'::regtype) AS is_trigger
+               FROM pg_proc p WHERE p.pronamespace = 'coldharbor'::regnamespace LOOP
+        IF r.is_trigger THEN
+            EXECUTE format('REVOKE ALL ON FUNCTION %s FROM coldharbor_pipeline, coldharbor_app', r.fn);
+        ELSIF NOT r.prosecdef THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO coldharbor_pipeline', r.fn);
+        END IF;
+    END LOOP;
+    GRANT EXECUTE ON FUNCTION coldharbor.evict(integer, timestamptz, boolean),
+                              coldharbor.purge_rows(integer, jsonb) TO coldharbor_pipeline;
+    GRANT EXECUTE ON FUNCTION coldharbor.register_table(regclass, text, text[], text[], interval),
+                              coldharbor.register_table_as_owner(regclass, text, text[], text[], interval),
+                              coldharbor.check_may_register(regclass, name),
+                              coldharbor.grant_capture_privileges(regclass),
+                              coldharbor.put_entity(text, jsonb, uuid),
+                              coldharbor.delete_entity(uuid) TO coldharbor_app;
+
+    REVOKE ALL ON ALL TABLES IN SCHEMA coldharbor FROM PUBLIC;
+    GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA coldharbor TO coldharbor_pipeline;
+    GRANT USAGE ON ALL SEQUENCES IN SCHEMA coldharbor TO coldharbor_pipeline;
+    -- The registry, the entity store, capture's own state and the migration log are written only by
+    -- the owner's functions (and set-up). change_log: the pipeline marks (UPDATE) and prunes
+    -- (DELETE); only capture inserts. The registry: the pipeline only advances batch ids
+    REVOKE INSERT, UPDATE, DELETE ON coldharbor.tables, coldharbor.entity_schemas, coldharbor.entity_main,
+                                     coldharbor.eav_data, coldharbor.schema_migrations,
+                                     coldharbor.capture_suspended, coldharbor.evictions FROM coldharbor_pipeline;
+    REVOKE INSERT ON coldharbor.change_log FROM coldharbor_pipeline;
+    -- ... and records a table's initial load and resync bases (008).
+    GRANT UPDATE (last_batch_id, load_state, loaded_at, loaded_version, base_version, base_at, base_rows)
+        ON coldharbor.tables TO coldharbor_pipeline;
+    -- A resync after a restore moves the change-id sequence past the lake's newest sequence.
+    GRANT SELECT, UPDATE ON SEQUENCE coldharbor.change_log_id_seq TO coldharbor_pipeline;
+    GRANT SELECT ON ALL TABLES IN SCHEMA entities TO coldharbor_pipeline, coldharbor_app;
+END;
+$$;
+
+SELECT coldharbor.apply_privileges();
 
 -- Keys already logged: rewritten in canonical form (each element cast back to its column type,
 -- which reads any session's text correctly), then capture reinstalled with canonical keys. A table

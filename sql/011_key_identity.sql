@@ -91,7 +91,7 @@ $$;
 --   * an UPDATE or DELETE of a key evicted before the statement started affects 0 rows (the row is
 --     not in the hot tier; reports keep serving its lake version). INSERT of an evicted key writes a
 --     new version, which is captured and wins over the lake's.
--- Eviction waits at most EVICT_LOCK_WAIT for writers' transactions, then evicts nothing this run.
+-- Eviction tries for about 5 s to get past writers' open transactions, else evicts nothing this run.
 
 -- The last eviction transaction of each table that evicted rows. Written by evict() alone.
 CREATE TABLE coldharbor.evictions (
@@ -273,26 +273,24 @@ DECLARE
     v_key_t  text;
     v_ctids  tid[];
     v_count  bigint;
-    v_timeout text;
+    v_try    integer;
 BEGIN
     SELECT * INTO STRICT t FROM coldharbor.tables WHERE table_id = p_table_id;
     v_rel := format('%I.%I', t.schema_name, t.table_name);
     v_key_t := coldharbor.key_sql(p_table_id, 't');
     PERFORM coldharbor.lock_for_owner_delete(v_rel::regclass);
 
-    -- 0. Writers' transactions on the table hold the eviction lock shared (evict_guard). Wait for them
-    --    a while, then evict nothing this run rather than keep later writers queued behind us.
+    -- 0. Writers' transactions on the table hold the eviction lock shared (evict_guard). Try for about
+    --    5 s, without queueing (later writers never wait behind eviction), else evict nothing this run.
     IF NOT p_dry_run THEN
-        v_timeout := current_setting('lock_timeout');
-        PERFORM set_config('lock_timeout', '5s', true);
-        BEGIN
-            PERFORM pg_advisory_xact_lock(1128792071, p_table_id);   -- 0x43480007: eviction
-        EXCEPTION WHEN lock_not_available THEN
-            PERFORM set_config('lock_timeout', v_timeout, true);
-            RAISE NOTICE '%: writers kept the table busy; nothing evicted this run', v_rel;
-            RETURN 0;
-        END;
-        PERFORM set_config('lock_timeout', v_timeout, true);
+        FOR v_try IN 1..50 LOOP
+            EXIT WHEN pg_try_advisory_xact_lock(1128792071, p_table_id);   -- 0x43480007: eviction
+            IF v_try = 50 THEN
+                RAISE NOTICE '%: writers kept the table busy; nothing evicted this run', v_rel;
+                RETURN 0;
+            END IF;
+            PERFORM pg_sleep(0.1);
+        END LOOP;
     END IF;
 
     -- 1. Lock the candidates. A row being written right now is skipped, not waited for.

@@ -135,7 +135,7 @@ def evict(conn: psycopg.Connection, table: RegisteredTable, dry_run: bool) -> in
     statement on it takes shared (evict_guard), so a statement that ran while an eviction committed
     fails with SQLSTATE 40001 and the application retries; an UPDATE/DELETE of a key evicted before
     it started changes nothing (the row is in the lake only), an INSERT of it writes a new version.
-    Eviction waits a few seconds for writers' open transactions, else evicts nothing this run."""
+    Eviction tries for a few seconds to get past writers' open transactions, else evicts nothing this run."""
     cutoff = eviction_cutoff(conn, table)
     if cutoff is None:
         return 0

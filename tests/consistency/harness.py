@@ -23,11 +23,15 @@ from datetime import timedelta
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
 from coldharbor import cleanup, compaction, pg, purge, registry
 from tests.consistency.model import Model
 from tests.helpers import export, spark_submit
 
+# Application sessions as different as settings make a key's text (the jobs pin their own).
+APP_SETTINGS = ({"TimeZone": "UTC", "bytea_output": "hex", "DateStyle": "ISO, MDY"},
+                {"TimeZone": "Pacific/Chatham", "bytea_output": "escape", "DateStyle": "SQL, DMY"})
 KEYS = range(1, 41)  # a small key space, so keys collide, die and come back
 # Crash points, each with the job that reaches it.
 CRASH_POINTS = {
@@ -93,10 +97,15 @@ class Run:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self.settings_rng = random.Random(-self.seed)  # its own stream: the seeds' steps stay as they were
         self.table = f"public.cs_{self.seed}_{uuid.uuid4().hex[:6]}"
         self.target = f"adhoc_cs_{self.table.split('.')[1]}"
-        self.conn = pg.connect(self.admin_dsn)
-        self.conn.execute(f"CREATE TABLE {self.table} (id int PRIMARY KEY, v text)")
+        self.conn = self.app_connection(autocommit=True)
+        # The model's key is id; the table's key is composite, with a timestamptz and a bytea column
+        # derived from it, whose text varies with the writing session's settings (invariant 15).
+        self.conn.execute(f"""CREATE TABLE {self.table} (
+            id int, at timestamptz GENERATED ALWAYS AS (to_timestamp(id * 60.5)) STORED,
+            raw bytea GENERATED ALWAYS AS (int4send(id)) STORED, v text, PRIMARY KEY (id, at, raw))""")
         if self.prefilled is None:
             self.prefilled = self.rng.random() < 0.5
         if self.prefilled:
@@ -111,6 +120,16 @@ class Run:
         self.stamp()
 
     # -- bookkeeping --------------------------------------------------------------------------
+
+    def app_connection(self, autocommit: bool) -> psycopg.Connection:
+        """An application connection in one of two sets of session settings, chosen at random: the
+        same key must stay one key whichever wrote it."""
+        conn = pg.connect(self.admin_dsn, autocommit=autocommit)
+        for name, value in self.settings_rng.choice(APP_SETTINGS).items():
+            conn.execute(sql.SQL("SELECT set_config({}, {}, false)").format(sql.Literal(name), sql.Literal(value)))
+        if not autocommit:
+            conn.commit()
+        return conn
 
     def value(self) -> str:
         self.counter += 1
@@ -147,7 +166,7 @@ class Run:
         if kind == "insert" and free:
             for key in rng.sample(free, min(len(free), rng.randint(1, 3))):
                 value = self.value()
-                conn.execute(f"INSERT INTO {t} VALUES (%s, %s)", (key, value))
+                conn.execute(f"INSERT INTO {t} (id, v) VALUES (%s, %s)", (key, value))
                 writes.append(("put", key, value))
         elif kind == "update" and hot:
             for key in rng.sample(hot, min(len(hot), rng.randint(1, 3))):
@@ -161,7 +180,7 @@ class Run:
         elif kind == "delete_reinsert" and hot:
             key, value = rng.choice(hot), self.value()
             conn.execute(f"DELETE FROM {t} WHERE id = %s", (key,))
-            conn.execute(f"INSERT INTO {t} VALUES (%s, %s)", (key, value))
+            conn.execute(f"INSERT INTO {t} (id, v) VALUES (%s, %s)", (key, value))
             writes += [("del", key, None), ("put", key, value)]
         elif kind == "pk_change" and hot and free:
             old, new = rng.choice(hot), rng.choice(free)
@@ -181,7 +200,7 @@ class Run:
         elif kind == "bulk_insert" and free:
             chosen = sorted(rng.sample(free, min(len(free), rng.randint(3, 8))))
             value = self.value()
-            conn.execute(f"INSERT INTO {t} SELECT k, %s || '-' || k FROM unnest(%s::int[]) k", (value, chosen))
+            conn.execute(f"INSERT INTO {t} (id, v) SELECT k, %s || '-' || k FROM unnest(%s::int[]) k", (value, chosen))
             writes += [("put", k, f"{value}-{k}") for k in chosen]
         return writes
 
@@ -195,7 +214,7 @@ class Run:
     def hold_open(self, step: int) -> None:
         if self.held is not None:
             return
-        conn = pg.connect(self.admin_dsn, autocommit=False)
+        conn = self.app_connection(autocommit=False)
         kind = self.rng.choice(("insert", "update", "delete", "bulk_update"))
         writes = self.write(kind, conn)
         self.held = Held(conn, writes, {k for _, k, _ in writes}, step + self.rng.randint(2, 6))
@@ -318,7 +337,11 @@ class Run:
         return code, (error[0] if error else None) or ""
 
     def served(self) -> dict[int, str]:
-        return {r[0]: r[1] for r in self.conn.execute(f"SELECT id, v FROM reports.{self.target}")}
+        rows = self.conn.execute(f"SELECT id, v FROM reports.{self.target}").fetchall()
+        served = {r[0]: r[1] for r in rows}
+        if len(served) != len(rows):
+            self.fail(f"the report served a key twice: {sorted(r[0] for r in rows)}")
+        return served
 
     def compare(self, actual: dict[int, str], expected: dict[int, str], what: str) -> None:
         if actual == expected:

@@ -197,7 +197,7 @@ def _as_lake_value(column: LakeColumn) -> sql.Composable:
 
 def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], keys: list[tuple],
                   predicate: Predicate, config: PurgeConfig) -> tuple[int, int]:
-    """One Delta commit: every version of the purged keys, and every other matching version."""
+    """One Delta commit: every version of the purged keys, and every other matching live version."""
     from delta.tables import DeltaTable
 
     key_schema = ", ".join(f"`{k}` {schema[k].dataType.simpleString()}" for k in key_names)
@@ -207,12 +207,18 @@ def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], 
     with temporary_conf(spark, {"spark.databricks.delta.commitInfo.userMetadata": metadata}):
         (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), on)
          .whenMatchedDelete()
-         .whenNotMatchedBySourceDelete(condition=predicate.spark)
+         .whenNotMatchedBySourceDelete(condition=_live_match(predicate))
          .execute())
     entry = lake.find_commit_entry(spark, path, {"operation": "coldharbor-purge", "run_id": config.run_id})
     if entry is None:
         raise LakeUnavailableError(f"the purge commit of {path} is not in its Delta history")
     return int(entry["metrics"].get("numTargetRowsDeleted", 0)), entry["version"]
+
+
+def _live_match(predicate: Predicate) -> str:
+    """The predicate over lake rows: a delete marker holds no values (NULL columns), so it never
+    matches; removing it (say for `col IS NULL`) would bring the key's older version back."""
+    return f"NOT `{DELETED}` AND ({predicate.spark})"
 
 
 def verify(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
@@ -231,7 +237,7 @@ def verify(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
         }
     if has_lake:
         def matches(rows: DataFrame) -> int:
-            hit = F.expr(predicate.spark)
+            hit = F.expr(_live_match(predicate))
             if keys:
                 source = spark.createDataFrame(sorted(keys, key=repr), rows.select(*key_names).schema)
                 rows = rows.join(source.withColumn("_ch_purged", F.lit(True)), on=key_names, how="left")
@@ -272,8 +278,9 @@ def parse_args(argv: list[str]) -> PurgeConfig:
                     "but rows remain in files the retention keeps.")
     parser.add_argument("--table", required=True, help="the registered table (schema.table)")
     parser.add_argument("--where", required=True,
-                        help="the rows to purge, e.g. \"customer = 'c-17'\": columns, literals, comparisons, "
-                             "AND/OR/NOT, IN, BETWEEN, IS NULL, LIKE")
+                        help="the rows to purge, e.g. \"customer = 'c-17'\": comparisons of one column with "
+                             "literals (=, <>, <, <=, >, >=, BETWEEN, IN, LIKE, IS NULL) joined by AND/OR/NOT; "
+                             "a timestamptz literal names its zone (see README)")
     parser.add_argument("--lake-root", help=f"lake folder or URI (default: ${settings.LAKE_ROOT_ENV})")
     parser.add_argument("--vacuum-retention-hours", type=float, required=True,
                         help="VACUUM retention of this purge: files holding old versions go once older; 0 removes "

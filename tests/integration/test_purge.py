@@ -95,6 +95,20 @@ def test_a_row_updated_out_of_the_predicate_and_not_yet_exported_stays_in_report
     assert lake_live(spark, lake_root, table_name, ["id"]) == current
 
 
+def test_a_purge_matching_null_values_keeps_delete_markers(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                           monkeypatch):
+    table = make(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'c1', 1), (2, NULL, 2), (3, 'c3', 3)")
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"DELETE FROM {table_name} WHERE id = 1")  # its delete marker has NULL values
+    export(spark, pg_dsn, table_name, lake_root)
+
+    assert purge_now(spark, pg_dsn, table, table_name, "customer IS NULL", lake_root, "p-null").complete
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT id FROM {table_name}",
+                        "--target", "adhoc_purge_null") == 0
+    assert pg_rows(pg_conn, "SELECT id FROM reports.adhoc_purge_null", ["id"]) == {(3,): {"id": 3}}
+
+
 def test_verify_finds_a_change_log_row_left_for_a_purged_key(spark, pg_dsn, pg_conn, table_name, lake_root):
     table = make(pg_conn, table_name)
     pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'c1', 1), (2, 'c2', 2)")

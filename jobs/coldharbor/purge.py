@@ -135,8 +135,8 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
     result.remaining = verify(spark, conn, table, path, keys, all_keys, predicate, has_lake)
     log.info("%s: purged %s: %s hot rows, %s keys (%s kept for their current row), %s lake rows (version %s), "
              "%s change_log rows, %s files vacuumed; remaining: %s", table.qualified_name, predicate.text,
-             result.hot_rows_deleted, result.keys_purged, result.keys_kept, result.lake_rows_deleted, result.lake_version, result.change_log_deleted,
-             result.files_vacuumed, result.remaining)
+             result.hot_rows_deleted, result.keys_purged, result.keys_kept, result.lake_rows_deleted,
+             result.lake_version, result.change_log_deleted, result.files_vacuumed, result.remaining)
     return result
 
 

@@ -251,20 +251,29 @@ class Run:
                           f"pruned {result.change_log_pruned}")
 
     def purge(self) -> None:
-        """A purge by key range or, half the time, by value (some values once written, or a prefix)."""
+        """A purge by key range or, half the time, by value."""
         self.commit_held()  # its row locks would hold the purge's DELETE
         if self.rng.random() < 0.5:
-            low = self.rng.choice(list(KEYS))
-            high = low + self.rng.randint(0, 3)
-            result = self.run_purge(f"id BETWEEN {low} AND {high}")
-            self.model.purge(low, high)
+            self.purge_range()
         else:
-            where, matches = self.value_predicate()
-            # Keys deleted in PostgreSQL but not yet in the lake, whose newest lake version matches:
-            # the purge takes every version of them.
-            also = [k for k, v in self.lake_live().items() if k not in self.model.rows and matches(v)]
-            result = self.run_purge(where)
-            self.model.purge_values(matches, also)
+            self.purge_values()
+
+    def purge_range(self) -> None:
+        low = self.rng.choice(list(KEYS))
+        high = low + self.rng.randint(0, 3)
+        result = self.run_purge(f"id BETWEEN {low} AND {high}")
+        self.model.purge(low, high)
+        self.stamp()
+        self.trace.append(f"purge {result.predicate}: {result.keys_purged} keys")
+
+    def purge_values(self, values: list[str] | None = None) -> None:
+        """By `values`, or by some values once written or a prefix of one."""
+        where, matches = self.value_predicate(values)
+        # Keys deleted in PostgreSQL but not yet in the lake, whose newest lake version matches:
+        # the purge takes every version of them.
+        also = [k for k, v in self.lake_live().items() if k not in self.model.rows and matches(v)]
+        result = self.run_purge(where)
+        self.model.purge_values(matches, also)
         self.stamp()
         self.trace.append(f"purge {result.predicate}: {result.keys_purged} keys, {result.keys_kept} kept")
 
@@ -279,9 +288,11 @@ class Run:
             self.fail(f"purge {where} left rows: {result.remaining}")
         return result
 
-    def value_predicate(self) -> tuple[str, Callable[[str], bool]]:
-        """`v IN (...)` over one to three values written so far, or `v LIKE 'prefix%'`, with the
-        same test in Python."""
+    def value_predicate(self, values: list[str] | None) -> tuple[str, Callable[[str], bool]]:
+        """`v IN (...)` over `values` or one to three values written so far, or `v LIKE 'prefix%'`,
+        with the same test in Python."""
+        if values:
+            return f"v IN ({', '.join(repr(v) for v in values)})", lambda v: v in values
         written = sorted({v for _, rows in self.model.history for v in rows.values()} | set(self.model.rows.values()))
         chosen = self.rng.sample(written, min(len(written), self.rng.randint(1, 3))) if written else [self.value()]
         if self.rng.random() < 0.3:

@@ -20,7 +20,8 @@ COLUMNS = [LakeColumn("id", "bigint", "LONG", 1), LakeColumn("customer", "text",
 
 @pytest.mark.parametrize("text, postgres, spark", [
     ("customer = 'c1'", "\"customer\" COLLATE \"C\" = 'c1'", "`customer` = 'c1'"),
-    ("customer < 'm' AND customer LIKE 'c%'", "\"customer\" COLLATE \"C\" < 'm' AND \"customer\" COLLATE \"C\" LIKE 'c%'",
+    ("customer < 'm' AND customer LIKE 'c%'",
+     "\"customer\" COLLATE \"C\" < 'm' AND \"customer\" COLLATE \"C\" LIKE 'c%'",
      "`customer` < 'm' AND `customer` LIKE 'c%'"),
     ("id BETWEEN 1 AND 10 OR NOT amount IN (1, -2.5)", "\"id\" BETWEEN 1 AND 10 OR NOT \"amount\" IN (1, -2.5)",
      "`id` BETWEEN 1 AND 10 OR NOT `amount` IN (1, -2.5)"),

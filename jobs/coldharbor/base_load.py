@@ -95,16 +95,21 @@ def settle_without_spark(conn: psycopg.Connection, table: RegisteredTable) -> bo
     return True
 
 
-def begin(conn: psycopg.Connection, table: RegisteredTable, kind: str, run_id: str) -> int:
-    """Records the base's intent (committed before the Delta commit); returns its batch id."""
+def begin(conn: psycopg.Connection, table: RegisteredTable, kind: str, run_id: str,
+          lake_batch_id: int | None) -> tuple[int, str]:
+    """Records the base's intent (committed before the Delta commit); returns its batch id and
+    commit token. The id is past `lake_batch_id`, the last batch id Delta recorded for the table:
+    after PostgreSQL was restored from a backup its own counter is behind, and Delta would skip a
+    reused id as already written."""
     with conn.transaction():
         batch_id = conn.execute(
-            "UPDATE coldharbor.tables SET last_batch_id = last_batch_id + 1 WHERE table_id = %s "
-            "RETURNING last_batch_id", (table.table_id,)).fetchone()[0]
-        conn.execute("INSERT INTO coldharbor.export_batches "
-                     "(table_id, batch_id, run_id, kind, change_count, row_count) VALUES (%s, %s, %s, %s, 0, 0)",
-                     (table.table_id, batch_id, run_id, kind))
-    return batch_id
+            "UPDATE coldharbor.tables SET last_batch_id = greatest(last_batch_id, %s) + 1 WHERE table_id = %s "
+            "RETURNING last_batch_id", (lake_batch_id or 0, table.table_id)).fetchone()[0]
+        token = conn.execute(
+            "INSERT INTO coldharbor.export_batches (table_id, batch_id, run_id, kind, change_count, row_count) "
+            "VALUES (%s, %s, %s, %s, 0, 0) RETURNING commit_token::text",
+            (table.table_id, batch_id, run_id, kind)).fetchone()[0]
+    return batch_id, token
 
 
 def lake_sequences(spark: SparkSession, path: str, keys: Sequence[str]) -> DataFrame | None:
@@ -171,10 +176,10 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     """Reads the table in one snapshot and commits it as a base; the caller holds the export lock."""
     if kind not in KINDS:
         raise ValueError(f"a base is one of {KINDS}, not {kind!r}")
-    batch_id = begin(conn, table, kind, run_id)
+    app_id = lake.export_app_id(table.table_id)
+    batch_id, token = begin(conn, table, kind, run_id, lake.committed_txn_version(spark, path, app_id))
     hook(f"{kind}_after_intent")
     lake.ensure_writable(spark, path)
-    app_id = lake.export_app_id(table.table_id)
     keys = [c.name for c in columns if c.is_key]
     # A lake table already there (a resync, or a load into a location used before) keeps its rows:
     # the base outranks them key by key, and marks the keys PostgreSQL no longer has deleted.
@@ -201,12 +206,12 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
                                     "columns": dict(change.widened)})
             lake.append_batch(rows, path, app_id=app_id, batch_id=batch_id, partition_by=table.partition_by,
                               metadata={"app_id": app_id, "batch_id": batch_id, "run_id": run_id, "kind": kind,
-                                        "table": table.qualified_name,
+                                        "table": table.qualified_name, "commit_token": token,
                                         "snapshot_at": snapshot.taken_at.isoformat()},
                               add_columns=bool(change.added or change.metadata_added),
                               stats_columns=[*table.key_columns, *table.sort_by])
     hook(f"{kind}_after_commit")
-    landed = finish_if_committed(spark, conn, table, path, batch_id, kind)
+    landed = finish_if_committed(spark, conn, table, path, batch_id, kind, token)
     if landed is None:
         raise LakeUnavailableError(f"the {kind} of {table.qualified_name} was written to {path} but its commit "
                                    "is not in the Delta history; nothing was recorded")
@@ -214,10 +219,10 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
 
 
 def finish_if_committed(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
-                        batch_id: int, kind: str) -> BaseResult | None:
+                        batch_id: int, kind: str, commit_token: str | None) -> BaseResult | None:
     """Records a base whose Delta commit exists; None (and nothing recorded) when it does not."""
-    app_id = lake.export_app_id(table.table_id)
-    entry = lake.find_commit_entry(spark, path, {"app_id": app_id, "batch_id": batch_id})
+    entry = lake.batch_commit_entry(spark, path, lake.export_app_id(table.table_id), batch_id, commit_token,
+                                    table.qualified_name)
     if entry is None:
         return None
     meta = json.loads(entry["user_metadata"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -27,7 +28,7 @@ from psycopg import sql
 
 from coldharbor import cleanup, compaction, pg, purge, registry
 from tests.consistency.model import Model
-from tests.helpers import export, spark_submit
+from tests.helpers import export, lake_live, spark_submit
 
 # Application sessions as different as settings make a key's text (the jobs pin their own).
 APP_SETTINGS = ({"TimeZone": "UTC", "bytea_output": "hex", "DateStyle": "ISO, MDY"},
@@ -269,20 +270,63 @@ class Run:
                           f"pruned {result.change_log_pruned}")
 
     def purge(self) -> None:
+        """A purge by key range or, half the time, by value."""
         self.commit_held()  # its row locks would hold the purge's DELETE
+        if self.rng.random() < 0.5:
+            self.purge_range()
+        else:
+            self.purge_values()
+
+    def purge_range(self) -> None:
         low = self.rng.choice(list(KEYS))
         high = low + self.rng.randint(0, 3)
-        config = purge.PurgeConfig(table=self.table, where=f"id BETWEEN {low} AND {high}", lake_root=self.lake_root,
+        result = self.run_purge(f"id BETWEEN {low} AND {high}")
+        self.model.purge(low, high)
+        self.stamp()
+        self.trace.append(f"purge {result.predicate}: {result.keys_purged} keys")
+
+    def purge_values(self, values: list[str] | None = None) -> None:
+        """By `values`, or by some values once written or a prefix of one."""
+        where, matches = self.value_predicate(values)
+        # Keys deleted in PostgreSQL but not yet in the lake, whose newest lake version matches:
+        # the purge takes every version of them.
+        also = [k for k, v in self.lake_live().items() if k not in self.model.rows and matches(v)]
+        result = self.run_purge(where)
+        self.model.purge_values(matches, also)
+        self.stamp()
+        self.trace.append(f"purge {result.predicate}: {result.keys_purged} keys, {result.keys_kept} kept")
+
+    def run_purge(self, where: str) -> purge.PurgeResult:
+        config = purge.PurgeConfig(table=self.table, where=where, lake_root=self.lake_root,
                                    run_id=f"cs-{self.seed}-{len(self.trace)}", vacuum_retention=timedelta(0),
                                    allow_short_retention=True)
         with pg.connect(self.dsn) as conn:
             [table] = registry.load(conn, self.table)
             result = purge.purge(self.spark, conn, table, config)
         if not result.complete:
-            self.fail(f"purge of {low}..{high} left rows: {result.remaining}")
-        self.model.purge(low, high)
-        self.stamp()
-        self.trace.append(f"purge {low}..{high}: {result.keys_purged} keys")
+            self.fail(f"purge {where} left rows: {result.remaining}")
+        return result
+
+    def value_predicate(self, values: list[str] | None) -> tuple[str, Callable[[str], bool]]:
+        """`v IN (...)` over `values` or one to three values written so far, or `v LIKE 'prefix%'`,
+        with the same test in Python."""
+        if values:
+            return f"v IN ({', '.join(repr(v) for v in values)})", lambda v: v in values
+        written = sorted({v for _, rows in self.model.history for v in rows.values()} | set(self.model.rows.values()))
+        chosen = self.rng.sample(written, min(len(written), self.rng.randint(1, 3))) if written else [self.value()]
+        if self.rng.random() < 0.3:
+            prefix = chosen[0].rsplit("-", 1)[0] if chosen[0].count("-") > 1 else chosen[0]
+            return f"v LIKE '{prefix}%'", lambda v: v is not None and v.startswith(prefix)
+        return f"v IN ({', '.join(repr(v) for v in chosen)})", lambda v: v in chosen
+
+    def lake_live(self) -> dict[int, str]:
+        """The lake's newest live value per key (none before the first commit)."""
+        from coldharbor import lake
+
+        path = f"{self.lake_root}/{self.table.replace('.', '/')}"
+        if lake.pin_version(self.spark, path) is None:
+            return {}
+        return {key: row["v"] for (key,), row in lake_live(self.spark, self.lake_root, self.table, ["id"]).items()}
 
     def crash(self, point: str) -> None:
         """The job under spark-submit, killed at `point`; then the next run must recover."""
@@ -448,7 +492,8 @@ class Run:
         self.report()
         for _ in range(2):
             self.report_as_of()
-        self.report_as_of(self.rng.choice(self.export_instants))
+        since = self.model.history[0][0]  # a purge by value restarts the history the model can answer
+        self.report_as_of(self.rng.choice([at for at in self.export_instants if at >= since] or [since]))
 
     def close(self) -> None:
         if self.held is not None:

@@ -23,6 +23,7 @@ line naming it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
@@ -60,10 +61,26 @@ class Kind:
     bytewise: bool = False  # text: PostgreSQL compares it with COLLATE "C"
 
 
+# A number literal is plain decimal digits with at most 38 of them: PostgreSQL reads it as an exact
+# numeric and Spark as an exact decimal (bigint or wider), so both compare exactly. An exponent
+# ('9223372036854775807e0') is a double in Spark but exact in PostgreSQL, and more than 38 digits
+# exceed Spark's decimals: both are refused.
+PLAIN_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+MAX_DIGITS = 38
+
+
+def _digits(literal: str) -> int:
+    """The precision of the decimal Spark reads: integer digits (no leading zeros) plus fraction digits."""
+    whole, _, fraction = literal.partition(".")
+    return len(whole.lstrip("0")) + len(fraction)
+
+
 def _number(node: exp.Expression) -> exp.Expression:
     inner = node.this if isinstance(node, exp.Neg) else node
-    if not (isinstance(inner, exp.Literal) and inner.is_number):
-        raise ValueError("a number")
+    if not (isinstance(inner, exp.Literal) and inner.is_number and PLAIN_NUMBER.fullmatch(inner.this)
+            and _digits(inner.this) <= MAX_DIGITS):
+        raise ValueError(f"a number written with digits and at most one decimal point, without an exponent, "
+                         f"of at most {MAX_DIGITS} digits")
     return node
 
 
@@ -112,7 +129,11 @@ def _timestamp(zoned: bool) -> Callable[[exp.Expression], exp.Expression]:
         if not zoned and value.tzinfo is not None:
             raise ValueError("a timestamp without a zone (the column has none)")
         if zoned:
-            text, to = value.astimezone(timezone.utc).isoformat(sep=" "), exp.DataType.build("timestamptz")
+            try:
+                value = value.astimezone(timezone.utc)
+            except OverflowError:
+                raise ValueError("a timestamp whose UTC time is between years 1 and 9999") from None
+            text, to = value.isoformat(sep=" "), exp.DataType.build("timestamptz")
         else:
             text, to = value.isoformat(sep=" "), exp.DataType.build("timestamp_ntz", dialect="spark")
         return exp.Cast(this=exp.Literal.string(text), to=to)
@@ -120,6 +141,8 @@ def _timestamp(zoned: bool) -> Callable[[exp.Expression], exp.Expression]:
 
 
 NUMBER = Kind("a number", ORDERED, _number)
+# Long enough for an IN list of thousands of keys, short enough to check and render quickly.
+MAX_PREDICATE_CHARS = 100_000
 KINDS = {
     "text": Kind("text", (*ORDERED, exp.Like), _text, bytewise=True),
     "uuid": Kind("a uuid", EQUALITY, _uuid),
@@ -142,6 +165,19 @@ def column_kind(column: LakeColumn) -> Kind | None:
 def parse(text: str, columns: Sequence[LakeColumn]) -> Predicate:
     if not text or not text.strip():
         raise ConfigError("the purge predicate is empty; name the rows to purge, e.g. --where \"customer = 'c-17'\"")
+    if len(text) > MAX_PREDICATE_CHARS:
+        raise ConfigError(f"the purge predicate is {len(text):,} characters long; at most {MAX_PREDICATE_CHARS:,} "
+                          "are accepted (purge in several runs)")
+    if "\x00" in text:
+        raise ConfigError("the purge predicate contains a NUL character, which PostgreSQL cannot take")
+    try:
+        return _parse(text, columns)
+    except RecursionError:
+        raise ConfigError("the purge predicate is nested too deeply to check; write it with fewer parentheses "
+                          "and NOTs, or purge in several runs") from None
+
+
+def _parse(text: str, columns: Sequence[LakeColumn]) -> Predicate:
     try:
         statements = sqlglot.parse(f"SELECT 1 FROM t WHERE {text}", read="postgres")
     except ParseError as exc:

@@ -36,6 +36,9 @@ COLUMNS = [LakeColumn("id", "bigint", "LONG", 1), LakeColumn("customer", "text",
      "`u` = '6f1c0e1a-0000-4000-8000-000000000001'"),
     ("flag = TRUE AND code IS NULL AND doc IS NOT NULL", "\"flag\" = TRUE AND \"code\" IS NULL AND \"doc\" IS NOT NULL",
      "`flag` = TRUE AND `code` IS NULL AND `doc` IS NOT NULL"),
+    ("id IN (9223372036854775807, 99999999999999999999999999999999999999, 0.5)",
+     "\"id\" IN (9223372036854775807, 99999999999999999999999999999999999999, 0.5)",
+     "`id` IN (9223372036854775807, 99999999999999999999999999999999999999, 0.5)"),
 ])
 def test_accepted_predicates_render_alike(text, postgres, spark):
     predicate = parse(text, COLUMNS)
@@ -62,6 +65,16 @@ def test_accepted_predicates_render_alike(text, postgres, spark):
     ("custmer = 'c1'", "column 'custmer'"),
     ("t.id = 1", "without a table"),
     ("", "is empty"),
+    # An exponent is exact in PostgreSQL but a double in Spark: 9223372036854775806 would match it there.
+    ("id = 9223372036854775807e0", "without an exponent"),
+    ("amount = 1.5E2", "without an exponent"),
+    ("id = 123456789012345678901234567890123456789", "at most 38 digits"),
+    ("amount < 0.000000000000000000000000000000000000001", "at most 38 digits"),
+    ("at < '0001-01-01 00:00:00+01:00'", "between years 1 and 9999"),
+    ("customer = 'a\x00b'", "NUL character"),
+    ("(" * 3000 + "id = 1" + ")" * 3000, "nested too deeply"),
+    ("NOT " * 3000 + "id = 1", "nested too deeply"),
+    (" OR ".join(f"id = {n}" for n in range(20_000)), "at most 100,000"),
 ])
 def test_predicates_that_cannot_mean_the_same_are_refused(text, message):
     with pytest.raises(ConfigError) as refused:

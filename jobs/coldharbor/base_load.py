@@ -153,9 +153,13 @@ def advance_change_sequence(conn: psycopg.Connection, lake_keys: DataFrame) -> N
 
 
 def base_rows(snapshot_rows: DataFrame, lake_keys: DataFrame | None, columns: Sequence[LakeColumn],
-              taken_at: datetime) -> DataFrame:
+              taken_at: datetime, tiered: bool = False) -> DataFrame:
     """The base's images before `to_lake_rows`: the snapshot's rows, and delete markers for the
-    keys the lake holds live that the snapshot does not."""
+    keys the lake holds live that the snapshot does not.
+
+    A tiered table's rows leave PostgreSQL by eviction too, and nothing tells an evicted key from a
+    deleted one but the change log (a captured delete reaches the lake as its own marker): a key
+    only the lake holds is left as the lake has it, never marked deleted by the base."""
     keys = [c.name for c in columns if c.is_key]
     stamp = F.lit(taken_at).cast("timestamp")
     if lake_keys is None:
@@ -163,7 +167,8 @@ def base_rows(snapshot_rows: DataFrame, lake_keys: DataFrame | None, columns: Se
     else:
         present = snapshot_rows.withColumn("_ch_present", F.lit(True))
         joined = present.join(lake_keys, on=keys, how="full_outer")
-        rows = (joined.filter(F.col("_ch_present").isNotNull() | F.col("_ch_lake_live"))
+        kept = F.col("_ch_present").isNotNull() if tiered else F.col("_ch_present").isNotNull() | F.col("_ch_lake_live")
+        rows = (joined.filter(kept)
                 .withColumn(SEQ, F.coalesce(F.col("_ch_lake_seq"), F.lit(0)).cast("long"))
                 .withColumn(DELETED, F.col("_ch_present").isNull()))
     return rows.select(*[F.col(c.name) for c in columns], SEQ, DELETED,
@@ -195,7 +200,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
         snapshot = table_reader.export_snapshot(conn, table)
         hook(f"{kind}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
-        rows = (base_rows(current, lake_keys, columns, snapshot.taken_at)
+        rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=table.hot_retention is not None)
                 .transform(to_lake_rows(columns, batch_id, datetime.now(timezone.utc))))
         if faults.armed(f"{kind}_during_write"):
             rows = faults.crash_inside_tasks(rows, f"{kind}_during_write")

@@ -44,7 +44,6 @@ def run_resync(spark, dsn, name: str, lake_root: str):
 
 def test_a_table_with_dirty_changes_is_in_sync(spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, capsys):
     loaded_table(spark, pg_dsn, pg_conn, table_name, lake_root)
-    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
     assert verify.main(["--table", table_name, "--lake-root", lake_root, "--chunks", "5"]) == 0
     count = pg_conn.execute(f"SELECT count(*) FROM {table_name}").fetchone()[0]
     assert f"public.{table_name} in sync: {count} rows in 5 chunks" in capsys.readouterr().out
@@ -170,7 +169,6 @@ def test_an_export_after_postgresql_was_restored_from_a_backup_is_refused_until_
     dirty = dirty_ids(pg_conn, table_name)
     version = lake.pin_version(spark, path)
 
-    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
     assert export_job.main(["--table", table_name, "--lake-root", lake_root]) == 2
     assert "PostgreSQL is behind the lake" in caplog.text
     assert f"jobs/resync.py --table public.{table_name}" in caplog.text
@@ -198,7 +196,6 @@ def test_resync_while_the_table_is_exported_changes_nothing(spark, pg_dsn, pg_co
 
 @pytest.mark.parametrize("job", [verify, resync], ids=["verify", "resync"])
 def test_an_unregistered_table_is_refused_with_exit_2(pg_dsn, lake_root, monkeypatch, caplog, job):
-    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
     assert job.main(["--table", "public.no_such_table", "--lake-root", lake_root]) == 2
     assert "public.no_such_table is not registered" in caplog.text
 
@@ -207,6 +204,32 @@ def test_verify_before_the_initial_load_is_refused(spark, pg_dsn, pg_conn, table
     pg_conn.execute(f"CREATE TABLE {table_name} ({DDL})")
     pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a', 1, 'new')")
     pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
-    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
     assert verify.main(["--table", table_name, "--lake-root", lake_root]) == 2
     assert "initial load has not landed" in caplog.text
+
+
+def test_a_tiered_table_with_evicted_rows_verifies_and_resync_keeps_them(spark, pg_dsn, pg_conn, table_name,
+                                                                         lake_root, monkeypatch):
+    """Evicted rows live in the lake alone: verify compares the keys PostgreSQL holds, and resync
+    (which rebuilds the lake from PostgreSQL) must not mark them deleted; a captured delete still
+    reaches the lake."""
+    pg_conn.execute(f"CREATE TABLE {table_name} (k int PRIMARY KEY, v text)")
+    table_id = pg_conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => '1 hour')",
+                               (table_name,)).fetchone()[0]
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'cold'), (2, 'hot'), (3, 'gone')")
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute("UPDATE coldharbor.change_log SET created_at = created_at - interval '2 hours', "
+                    "flushed_at = flushed_at - interval '2 hours' WHERE table_id = %s", (table_id,))
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'hot2' WHERE k = 2")
+    pg_conn.execute(f"DELETE FROM {table_name} WHERE k = 3")
+    evicted = pg_conn.execute("SELECT coldharbor.evict(%s, now() - interval '1 hour')", (table_id,)).fetchone()[0]
+    assert evicted == 1 and pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["k"]) == {(2,): {"k": 2, "v": "hot2"}}
+    assert run_verify(spark, pg_dsn, table_name, lake_root).in_sync
+
+    run_resync(spark, pg_dsn, table_name, lake_root)
+    export(spark, pg_dsn, table_name, lake_root)
+    assert run_verify(spark, pg_dsn, table_name, lake_root).in_sync
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT k, v FROM {table_name}",
+                        "--target", f"adhoc_{table_name}", "--run-id", f"{table_name}-r") == 0
+    served = sorted(pg_conn.execute(f"SELECT k, v FROM reports.adhoc_{table_name}").fetchall())
+    assert served == [(1, "cold"), (2, "hot2")]

@@ -188,6 +188,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         registry.guard_read(conn, table)  # before the snapshot; its ACCESS SHARE lock is held while the readers read
         snapshot = table_reader.export_snapshot(conn, table)
+        table_reader.refuse_unrepresentable(conn, table, columns)
         hook(f"{kind}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
         rows = (base_rows(current, lake_keys, columns, snapshot.taken_at)

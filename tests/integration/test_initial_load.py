@@ -238,3 +238,49 @@ def test_a_registration_in_a_repeatable_read_transaction_stays_pending_and_the_e
 
         assert not needs_spark(conn, table)  # settled by a snapshot look, no Spark started
     assert not state_of(pg_conn, table_name).pending
+
+
+EDGE_DDL = "id integer PRIMARY KEY, d date, ts timestamp, tz timestamptz, n numeric(38,30), t text"
+# Values at the edges of what the lake holds, each compared with PostgreSQL as text.
+EDGE_ROWS = [
+    (1, "0001-01-01", "0001-01-01 00:00:00", "0001-01-01 00:00:00+00", "0.000000000000000000000000000001", ""),
+    (2, "9999-12-31", "9999-12-31 23:59:59.999999", "9999-12-31 23:59:59.999999+00", "-12345678.123456789012345678901234567890", " "),
+    (3, "2024-02-29", "2024-02-29 01:02:03.000001", "2024-03-31 02:30:00.123456+05:45", "1", "it's \"q\" \\ ü 😀 \x01"),
+    (4, "1582-10-15", "1582-10-04 23:59:59.999999", "1900-01-01 00:00+01:23:45", "-0.5", "\t\n\r"),
+]
+# Values the lake cannot hold exactly, each in a table of its own among good ones.
+UNREPRESENTABLE = [("d", "infinity"), ("ts", "-infinity"), ("tz", "0044-03-15 12:00+00 BC"), ("d", "1582-10-10")]
+
+
+def test_edge_values_load_exactly_and_one_table_the_lake_cannot_hold_fails_alone(spark, pg_dsn, pg_conn, lake_root):
+    """A date or timestamp outside what the lake holds (infinity, BC, the ten days of 1582 the JDBC
+    calendar lacks) failed the Delta write, or landed ten days on, and failed every other table of
+    the run with it. Now that table alone is refused, naming column and value, and stays pending."""
+    good = f"t_{uuid.uuid4().hex[:10]}"
+    bad = [f"t_{uuid.uuid4().hex[:10]}" for _ in UNREPRESENTABLE]
+    for name in [good, *bad]:
+        pg_conn.execute(f"CREATE TABLE {name} ({EDGE_DDL})")
+        for row in EDGE_ROWS:
+            pg_conn.execute(f"INSERT INTO {name} VALUES (%s, %s, %s, %s, %s, %s)", row)
+    for name, (column, value) in zip(bad, UNREPRESENTABLE):
+        pg_conn.execute(f"UPDATE {name} SET {column} = %s WHERE id = 3", (value,))
+    for name in [good, *bad]:
+        pg_conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+    tables = [t for t in registry.load(pg_conn) if t.table_name in [good, *bad]]
+
+    results = {r.table: r for r in run(spark, pg_conn, pg.JdbcTarget.from_dsn(pg_dsn),
+                                       ExportConfig(None, lake_root, "edges"), tables, lambda point: None)}
+
+    assert results[f"public.{good}"].loaded_rows == len(EDGE_ROWS)
+    as_text = "id, d::text, ts::text, (tz AT TIME ZONE 'UTC')::text, n::text, t"
+    expected = sorted(pg_conn.execute(f"SELECT {as_text} FROM {good}").fetchall())
+    lake = (lake_table(spark, lake_root, good)
+            .selectExpr("id", "cast(d AS string)", "cast(ts AS string)",
+                        "date_format(tz, 'yyyy-MM-dd HH:mm:ss.SSSSSS')", "cast(n AS string)", "t").collect())
+    # PostgreSQL drops zero microseconds from the text; the lake's format keeps them.
+    assert sorted((r[0], r[1], r[2], r[3].removesuffix(".000000"), r[4], r[5]) for r in lake) == expected
+    for name, (column, value) in zip(bad, UNREPRESENTABLE):
+        result = results[f"public.{name}"]
+        assert result.status == "failed", result
+        assert f"column {column} holds" in result.error and "row id=3" in result.error, result.error
+        assert "\n" not in result.error and state_of(pg_conn, name).pending

@@ -120,6 +120,14 @@ def share_query(table: RegisteredTable, columns: Sequence[LakeColumn], start: in
         columns=sql.SQL(", ").join(output(c) for c in columns), table=table.identifier, where=where)
 
 
+# A reader waits at most this long for its ACCESS SHARE lock. It waits at all only behind a stronger
+# lock requested after the exporting transaction locked the table (a TRUNCATE, a rewriting ALTER
+# TABLE, VACUUM FULL): that request waits for the exporter, which waits for its readers, a cycle
+# PostgreSQL cannot see, with the application's statements queued behind it. The reader gives up,
+# the exporter rolls back, the application's statement goes through; the next run reads again.
+READER_LOCK_TIMEOUT = "5s"
+
+
 def read_table(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, snapshot: TableSnapshot,
                table: RegisteredTable, columns: Sequence[LakeColumn], parts: int | None = None) -> DataFrame:
     """Every row of the table as of `snapshot`, one JDBC reader per core (or `parts`).
@@ -132,6 +140,6 @@ def read_table(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, 
     frame = None
     for start, end in block_ranges(snapshot.blocks, parts):
         share = snapshot_read(spark, jdbc, share_query(table, columns, start, end).as_string(conn),
-                              snapshot.snapshot_id)
+                              snapshot.snapshot_id, lock_timeout=READER_LOCK_TIMEOUT)
         frame = share if frame is None else frame.union(share)
     return frame.select(*[F.col(c.name) for c in columns])

@@ -7,12 +7,14 @@ their load runs: the review found that every earlier test registered an empty ta
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import psycopg
 import pytest
 
 from coldharbor import base_load, pg, registry
+from coldharbor.errors import TableBusyError
 from coldharbor.export import ExportConfig, run
 from tests.helpers import _normal, export, lake_live, lake_table, pg_rows, report_run, serve_report
 
@@ -209,6 +211,45 @@ def test_the_load_never_blocks_the_application(spark, pg_dsn, admin_dsn, pg_conn
             thread.join()
     assert failures == [] and writes[0] > 0
     assert modes <= {"AccessShareLock"}, modes
+    export(spark, pg_dsn, table_name, lake_root)
+    assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
+
+
+def test_a_truncate_during_the_load_goes_through_and_the_next_run_loads(spark, pg_dsn, admin_dsn, pg_conn,
+                                                                       table_name, lake_root):
+    """A TRUNCATE queued behind the load's lock made the JDBC readers queue behind it: the load waited
+    for its readers, the readers for the TRUNCATE, the TRUNCATE (and the application behind it) for
+    the load. Now the readers give up, the TRUNCATE goes through, and the next run loads."""
+    filled_table(pg_conn, table_name, 2000)
+    outcome, threads = {}, []
+
+    def truncate() -> None:
+        with psycopg.connect(admin_dsn, autocommit=True) as app:
+            app.execute("SET lock_timeout = '60s'")  # bounds the test had the cycle come back
+            try:
+                app.execute(f"TRUNCATE {table_name}")
+                outcome["truncate"] = "done"
+            except psycopg.Error as exc:
+                outcome["truncate"] = str(exc)
+
+    def truncate_after_snapshot(point: str) -> None:
+        if point != "load_after_snapshot":
+            return
+        threads.append(threading.Thread(target=truncate))
+        threads[0].start()
+        with psycopg.connect(admin_dsn, autocommit=True) as watcher:  # until the TRUNCATE waits for its lock
+            while not watcher.execute("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation = %s::regclass "
+                                      "AND NOT granted)", (table_name,)).fetchone()[0]:
+                time.sleep(0.05)
+
+    try:
+        with pytest.raises(TableBusyError, match="gave way to a statement that locks the table exclusively"):
+            export(spark, pg_dsn, table_name, lake_root, hook=truncate_after_snapshot)
+    finally:
+        for thread in threads:
+            thread.join()
+    assert outcome["truncate"] == "done" and state_of(pg_conn, table_name).pending
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'after', 1, 'new')")
     export(spark, pg_dsn, table_name, lake_root)
     assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
 

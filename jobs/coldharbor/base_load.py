@@ -95,16 +95,21 @@ def settle_without_spark(conn: psycopg.Connection, table: RegisteredTable) -> bo
     return True
 
 
-def begin(conn: psycopg.Connection, table: RegisteredTable, kind: str, run_id: str) -> int:
-    """Records the base's intent (committed before the Delta commit); returns its batch id."""
+def begin(conn: psycopg.Connection, table: RegisteredTable, kind: str, run_id: str,
+          lake_batch_id: int | None) -> tuple[int, str]:
+    """Records the base's intent (committed before the Delta commit); returns its batch id and
+    commit token. The id is past `lake_batch_id`, the last batch id Delta recorded for the table:
+    after PostgreSQL was restored from a backup its own counter is behind, and Delta would skip a
+    reused id as already written."""
     with conn.transaction():
         batch_id = conn.execute(
-            "UPDATE coldharbor.tables SET last_batch_id = last_batch_id + 1 WHERE table_id = %s "
-            "RETURNING last_batch_id", (table.table_id,)).fetchone()[0]
-        conn.execute("INSERT INTO coldharbor.export_batches "
-                     "(table_id, batch_id, run_id, kind, change_count, row_count) VALUES (%s, %s, %s, %s, 0, 0)",
-                     (table.table_id, batch_id, run_id, kind))
-    return batch_id
+            "UPDATE coldharbor.tables SET last_batch_id = greatest(last_batch_id, %s) + 1 WHERE table_id = %s "
+            "RETURNING last_batch_id", (lake_batch_id or 0, table.table_id)).fetchone()[0]
+        token = conn.execute(
+            "INSERT INTO coldharbor.export_batches (table_id, batch_id, run_id, kind, change_count, row_count) "
+            "VALUES (%s, %s, %s, %s, 0, 0) RETURNING commit_token::text",
+            (table.table_id, batch_id, run_id, kind)).fetchone()[0]
+    return batch_id, token
 
 
 def lake_sequences(spark: SparkSession, path: str, keys: Sequence[str]) -> DataFrame | None:
@@ -171,7 +176,8 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     """Reads the table in one snapshot and commits it as a base; the caller holds the export lock."""
     if kind not in KINDS:
         raise ValueError(f"a base is one of {KINDS}, not {kind!r}")
-    batch_id = begin(conn, table, kind, run_id)
+    app_id = lake.export_app_id(table.table_id)
+    batch_id, token = begin(conn, table, kind, run_id, lake.committed_txn_version(spark, path, app_id))
     hook(f"{kind}_after_intent")
     lake.ensure_writable(spark, path)
     keys = [c.name for c in columns if c.is_key]
@@ -183,7 +189,8 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     if lake_keys is not None:
         advance_change_sequence(conn, lake_keys)
     try:
-        _read_and_append(spark, conn, jdbc, table, columns, path, kind, run_id, batch_id, lake_keys, change, hook)
+        _read_and_append(spark, conn, jdbc, table, columns, path, kind, run_id, batch_id, token, lake_keys,
+                         change, hook)
     except Exception as exc:
         if not pg.lock_timed_out(exc):
             raise
@@ -192,7 +199,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
             f"(TRUNCATE, a rewriting ALTER TABLE, VACUUM FULL): its readers waited {table_reader.READER_LOCK_TIMEOUT} "
             "for their lock; nothing was written, the next run reads the table again") from None
     hook(f"{kind}_after_commit")
-    landed = finish_if_committed(spark, conn, table, path, batch_id, kind)
+    landed = finish_if_committed(spark, conn, table, path, batch_id, kind, token)
     if landed is None:
         raise LakeUnavailableError(f"the {kind} of {table.qualified_name} was written to {path} but its commit "
                                    "is not in the Delta history; nothing was recorded")
@@ -200,7 +207,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
 
 
 def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
-                     columns: Sequence[LakeColumn], path: str, kind: str, run_id: str, batch_id: int,
+                     columns: Sequence[LakeColumn], path: str, kind: str, run_id: str, batch_id: int, token: str,
                      lake_keys: DataFrame | None, change: lake.SchemaChange, hook: faults.Hook) -> None:
     """Reads the table in one exported snapshot and appends the base in one Delta commit."""
     app_id = lake.export_app_id(table.table_id)
@@ -223,17 +230,17 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
                                     "columns": dict(change.widened)})
             lake.append_batch(rows, path, app_id=app_id, batch_id=batch_id, partition_by=table.partition_by,
                               metadata={"app_id": app_id, "batch_id": batch_id, "run_id": run_id, "kind": kind,
-                                        "table": table.qualified_name,
+                                        "table": table.qualified_name, "commit_token": token,
                                         "snapshot_at": snapshot.taken_at.isoformat()},
                               add_columns=bool(change.added or change.metadata_added),
                               stats_columns=[*table.key_columns, *table.sort_by])
 
 
 def finish_if_committed(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
-                        batch_id: int, kind: str) -> BaseResult | None:
+                        batch_id: int, kind: str, commit_token: str | None) -> BaseResult | None:
     """Records a base whose Delta commit exists; None (and nothing recorded) when it does not."""
-    app_id = lake.export_app_id(table.table_id)
-    entry = lake.find_commit_entry(spark, path, {"app_id": app_id, "batch_id": batch_id})
+    entry = lake.batch_commit_entry(spark, path, lake.export_app_id(table.table_id), batch_id, commit_token,
+                                    table.qualified_name)
     if entry is None:
         return None
     meta = json.loads(entry["user_metadata"])

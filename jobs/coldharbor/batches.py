@@ -27,6 +27,7 @@ class Batch:
     change_count: int
     row_count: int
     oldest_change_at: datetime | None
+    commit_token: str     # written into the Delta commit: tells this batch's commit from a reused id's
 
 
 def begin(conn: psycopg.Connection, table: RegisteredTable, run_id: str, row_count: int) -> Batch:
@@ -36,15 +37,15 @@ def begin(conn: psycopg.Connection, table: RegisteredTable, run_id: str, row_cou
     batch_id = conn.execute(
         "UPDATE coldharbor.tables SET last_batch_id = last_batch_id + 1 WHERE table_id = %s "
         "RETURNING last_batch_id", (table.table_id,)).fetchone()[0]
-    change_count, oldest_change_at = conn.execute(sql.SQL(
+    change_count, oldest_change_at, token = conn.execute(sql.SQL(
         """INSERT INTO coldharbor.export_batches
                (table_id, batch_id, run_id, change_ids, change_count, row_count, oldest_change_at)
            SELECT {table_id}, {batch_id}, {run_id}, intent.ids, intent.n, {row_count}, intent.oldest
              FROM ({intent}) intent(ids, n, oldest)
-           RETURNING change_count, oldest_change_at""").format(
+           RETURNING change_count, oldest_change_at, commit_token::text""").format(
         table_id=sql.Literal(table.table_id), batch_id=sql.Literal(batch_id), run_id=sql.Literal(run_id),
         row_count=sql.Literal(row_count), intent=hot_reader.intent_query(table))).fetchone()
-    return Batch(table.table_id, batch_id, change_count, row_count, oldest_change_at)
+    return Batch(table.table_id, batch_id, change_count, row_count, oldest_change_at, token)
 
 
 def mark_flushed(conn: psycopg.Connection, table_id: int, batch_id: int, lake_version: int,
@@ -77,8 +78,9 @@ def abandon(conn: psycopg.Connection, table_id: int, batch_id: int) -> None:
                      WHERE table_id = %s AND batch_id = %s AND state = 'pending'""", (table_id, batch_id))
 
 
-def pending(conn: psycopg.Connection, table_id: int) -> list[tuple[int, str]]:
-    """(batch id, kind) of the table's batches whose intent is recorded and whose end is not."""
-    rows = conn.execute("SELECT batch_id, kind FROM coldharbor.export_batches "
+def pending(conn: psycopg.Connection, table_id: int) -> list[tuple[int, str, str | None]]:
+    """(batch id, kind, commit token) of the table's batches whose intent is recorded and whose end
+    is not. The token is None for a batch recorded before commit tokens (sql/012)."""
+    rows = conn.execute("SELECT batch_id, kind, commit_token::text FROM coldharbor.export_batches "
                         "WHERE table_id = %s AND state = 'pending' ORDER BY batch_id", (table_id,))
-    return [(r[0], r[1]) for r in rows.fetchall()]
+    return [(r[0], r[1], r[2]) for r in rows.fetchall()]

@@ -128,6 +128,14 @@ def eviction_cutoff(conn: psycopg.Connection, table: RegisteredTable) -> datetim
 
 
 def evict(conn: psycopg.Connection, table: RegisteredTable, dry_run: bool) -> int:
+    """Evicts the table's old, flushed, unchanged rows (coldharbor.evict, one transaction).
+
+    Tiered tables are for rows the application no longer changes, but a write racing the eviction
+    must not vanish: coldharbor.evict() holds the table's eviction lock, which every UPDATE/DELETE
+    statement on it takes shared (evict_guard), so a statement that ran while an eviction committed
+    fails with SQLSTATE 40001 and the application retries; an UPDATE/DELETE of a key evicted before
+    it started changes nothing (the row is in the lake only), an INSERT of it writes a new version.
+    Eviction tries for a few seconds to get past writers' open transactions, else evicts nothing this run."""
     cutoff = eviction_cutoff(conn, table)
     if cutoff is None:
         return 0

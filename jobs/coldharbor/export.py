@@ -139,6 +139,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
 
         exported_at = datetime.now(timezone.utc)
         app_id = lake.export_app_id(table.table_id)
+        refuse_if_lake_ahead(spark, conn, table, path, batch.batch_id)
         rows = images.transform(to_lake_rows(columns, batch.batch_id, exported_at))
         if faults.armed("during_write"):
             rows = faults.crash_inside_tasks(rows, "during_write")
@@ -150,11 +151,11 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
             lake.append_batch(rows, path,
                               app_id=app_id, batch_id=batch.batch_id, partition_by=table.partition_by,
                               metadata={"app_id": app_id, "batch_id": batch.batch_id, "run_id": config.run_id,
-                                        "table": table.qualified_name},
+                                        "table": table.qualified_name, "commit_token": batch.commit_token},
                               add_columns=bool(change.added or change.metadata_added),
                               stats_columns=[*table.key_columns, *table.sort_by])
         hook("after_commit")
-        version = lake.find_batch_commit(spark, path, app_id, batch.batch_id)
+        version = lake.find_batch_commit(spark, path, app_id, batch.batch_id, batch.commit_token, table.qualified_name)
         if version is None:
             raise LakeUnavailableError(f"batch {batch.batch_id} of {table.qualified_name} was written to {path} "
                                        "but its commit is not in the Delta history; nothing was marked")
@@ -165,19 +166,43 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
                            loaded.rows if loaded else 0)
 
 
-def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str) -> int:
+def refuse_if_lake_ahead(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
+                         batch_id: int) -> None:
+    """LakeAheadError, the batch's intent abandoned (its changes stay dirty), when Delta already
+    recorded this batch id for the table: the append would be skipped as a replay."""
+    try:
+        lake.require_unused_batch_id(spark, path, lake.export_app_id(table.table_id), batch_id, table.qualified_name)
+    except lake.LakeAheadError:
+        batches.abandon(conn, table.table_id, batch_id)
+        raise
+
+
+def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
+                    abandon_foreign: bool = False) -> int:
     """Finishes batches whose run died after the intent: mark (or record the base) if committed,
-    else abandon. An abandoned initial load stays pending and is written again."""
+    else abandon. An abandoned initial load stays pending and is written again.
+
+    A batch whose id the lake holds from another export (PostgreSQL restored from a backup) is a
+    LakeAheadError; with `abandon_foreign` (resync, which rebuilds the lake from PostgreSQL) it is
+    abandoned instead, its changes left dirty."""
     app_id = lake.export_app_id(table.table_id)
     pending = batches.pending(conn, table.table_id)
-    for batch_id, kind in pending:
-        if kind in base_load.KINDS:
-            if base_load.finish_if_committed(spark, conn, table, path, batch_id, kind) is None:
-                batches.abandon(conn, table.table_id, batch_id)
-                log.warning("%s: the %s in batch %s never reached the lake; it is written again",
-                            table.qualified_name, kind, batch_id)
+    for batch_id, kind, token in pending:
+        try:
+            if kind in base_load.KINDS:
+                if base_load.finish_if_committed(spark, conn, table, path, batch_id, kind, token) is None:
+                    batches.abandon(conn, table.table_id, batch_id)
+                    log.warning("%s: the %s in batch %s never reached the lake; it is written again",
+                                table.qualified_name, kind, batch_id)
+                continue
+            version = lake.find_batch_commit(spark, path, app_id, batch_id, token, table.qualified_name)
+        except lake.LakeAheadError:
+            if not abandon_foreign:
+                raise
+            batches.abandon(conn, table.table_id, batch_id)
+            log.warning("%s: batch %s's id is held in the lake by another export; abandoned, its changes stay dirty",
+                        table.qualified_name, batch_id)
             continue
-        version = lake.find_batch_commit(spark, path, app_id, batch_id)
         if version is None:
             batches.abandon(conn, table.table_id, batch_id)
             log.warning("%s: batch %s never reached the lake; its changes stay dirty and go in a new batch",

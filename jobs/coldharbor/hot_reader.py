@@ -13,7 +13,7 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 
-from coldharbor import faults
+from coldharbor import faults, pg
 from coldharbor.errors import ReportError
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ
 from coldharbor.pg import JdbcTarget
@@ -178,7 +178,8 @@ def snapshot_read(spark: SparkSession, jdbc: JdbcTarget, query: str, snapshot_id
     re-reads, importing the snapshot again; its exporter must still be open). A `lock_timeout` is a
     startup option of every connection, so it bounds Spark's schema query too, which runs before
     (and without) the init statement."""
-    init = f"{settings}BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'"
+    init = (f"{pg.session_settings_sql()}{settings}"
+            f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'")
     options = jdbc.options()
     if lock_timeout:
         options["options"] = f"{options.get('options', '')} -c lock_timeout={lock_timeout}".strip()

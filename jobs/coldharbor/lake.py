@@ -178,10 +178,66 @@ def widen_columns(spark: SparkSession, path: str, widened: Sequence[tuple[str, s
     _save(writer, path, partition_by, "widening the columns of")
 
 
-def find_batch_commit(spark: SparkSession, path: str, app_id: str, batch_id: int,
-                      depth: int = COMMIT_SEARCH_DEPTH) -> int | None:
-    """The Delta version whose commit metadata names this batch, or None if it never committed."""
-    return (find_commit_entry(spark, path, {"app_id": app_id, "batch_id": batch_id}, depth) or {}).get("version")
+class LakeAheadError(ColdharborError):
+    """The lake holds a commit of a batch id PostgreSQL is about to use or has recorded for another
+    export: PostgreSQL was restored to an earlier point (or its coldharbor schema rewound) while the
+    lake kept later commits. Delta would skip a reused batch id as already written, so nothing may
+    be written or marked until a resync rebuilds the lake from PostgreSQL."""
+
+    def __init__(self, table: str, batch_id: int, detail: str):
+        super().__init__(
+            f"PostgreSQL is behind the lake for {table} (restored from a backup?): {detail}; nothing was "
+            f"written or marked. Rebuild the table's lake state from PostgreSQL with "
+            f"`jobs/resync.py --table {table}`")
+        self.batch_id = batch_id
+
+
+def committed_txn_version(spark: SparkSession, path: str, app_id: str) -> int | None:
+    """The newest txnVersion Delta recorded for `app_id` (the batch id it skips at or below), or
+    None when the table does not exist or never saw that app id."""
+    from delta.tables import DeltaTable
+
+    with reaching("reading the Delta log of", path):
+        if not DeltaTable.isDeltaTable(spark, path):
+            return None
+        jvm = spark.sparkContext._jvm
+        none = jvm.scala.Option.empty()
+        snap = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).update(False, none, none)
+        found = snap.transactions().get(app_id)
+        return int(found.get()) if found.isDefined() else None
+
+
+def require_unused_batch_id(spark: SparkSession, path: str, app_id: str, batch_id: int, table: str) -> None:
+    """LakeAheadError when Delta would treat `batch_id` as already written (a silent no-op)."""
+    recorded = committed_txn_version(spark, path, app_id)
+    if recorded is not None and batch_id <= recorded:
+        raise LakeAheadError(table, batch_id, f"its next batch id {batch_id} is at or below the lake's last "
+                                              f"committed batch id {recorded}")
+
+
+def batch_commit_entry(spark: SparkSession, path: str, app_id: str, batch_id: int, commit_token: str | None = None,
+                       table: str = "", depth: int = COMMIT_SEARCH_DEPTH) -> dict | None:
+    """The history entry of the commit of this batch, or None if it never committed.
+
+    A commit of the same (app id, batch id) made by another export -- its `commit_token` differs
+    from the one PostgreSQL recorded at intent -- is a LakeAheadError, never taken for this batch's.
+    Batches recorded before commit tokens existed (token None) match by app id and batch id alone.
+    """
+    entry = find_commit_entry(spark, path, {"app_id": app_id, "batch_id": batch_id}, depth)
+    if entry is None or commit_token is None:
+        return entry
+    found = json.loads(entry["user_metadata"]).get("commit_token")
+    if found != commit_token:
+        raise LakeAheadError(table, batch_id, f"the lake's commit of batch {batch_id} (Delta version "
+                                              f"{entry['version']}) was made by another export than the one "
+                                              "PostgreSQL recorded")
+    return entry
+
+
+def find_batch_commit(spark: SparkSession, path: str, app_id: str, batch_id: int, commit_token: str | None = None,
+                      table: str = "", depth: int = COMMIT_SEARCH_DEPTH) -> int | None:
+    """The Delta version of the commit of this batch (see `batch_commit_entry`), or None."""
+    return (batch_commit_entry(spark, path, app_id, batch_id, commit_token, table, depth) or {}).get("version")
 
 
 def find_commit_entry(spark: SparkSession, path: str, metadata: Mapping[str, object],

@@ -38,18 +38,35 @@ LOCK_NAMESPACES = {"export": 0x43480001, "compact": 0x43480002, "cleanup": 0x434
                    "lake_commit": 0x43480004,
                    # Not per table: a report run's lease (by lease id), a report table's swap (by name).
                    "report_run": 0x43480005, "report_table": 0x43480006}
+# Every job session, psycopg and JDBC, runs with these, whatever the server's or the DSN's defaults
+# (timestamps read back in UTC, binary in hex, floats exact). Key identity does not rely on them
+# (coldharbor.key_sql builds keys no setting changes); the values the jobs read and write do.
+SESSION_SETTINGS = {"TimeZone": "UTC", "DateStyle": "ISO", "IntervalStyle": "postgres",
+                    "bytea_output": "hex", "extra_float_digits": "3"}
+
+
+def pinned_options(options: str | None) -> str:
+    """The DSN's `options` with SESSION_SETTINGS appended (later -c switches win)."""
+    pinned = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items())
+    return f"{options} {pinned}" if options else pinned
+
+
+def session_settings_sql() -> str:
+    """SESSION_SETTINGS as SET statements: for JDBC sessions, whose driver sends its own TimeZone
+    after the options (the JVM's zone) at connection start."""
+    return "".join(f"SET {name} = '{value}'; " for name, value in SESSION_SETTINGS.items())
 
 
 def connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection:
     """A connection to the hot tier, or PostgresUnavailableError saying where it failed.
 
     The DSN's own parameters (sslmode, options, application_name, ...) apply as given; without an
-    application_name the session is named "coldharbor"."""
+    application_name the session is named "coldharbor"; SESSION_SETTINGS are added to its options."""
     params = dsn_params(dsn)
     try:
         return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=params.get("connect_timeout")
                                or CONNECT_TIMEOUT_S, application_name=params.get("application_name")
-                               or APPLICATION_NAME)
+                               or APPLICATION_NAME, options=pinned_options(params.get("options")))
     except psycopg.ProgrammingError:  # a value libpq refuses: its message may quote the DSN
         raise ConfigError("the PostgreSQL DSN is malformed (a parameter has a value libpq refuses; "
                           "libpq's message is withheld: it may quote the password)") from None
@@ -212,6 +229,7 @@ class JdbcTarget:
         dbname = params.get("dbname") or params.get("user") or "postgres"
         properties = {JDBC_PROPERTIES[k]: v for k, v in params.items() if k in JDBC_PROPERTIES}
         properties.setdefault("ApplicationName", APPLICATION_NAME)
+        properties["options"] = pinned_options(properties.get("options"))
         return cls(url=f"jdbc:postgresql://{_url_host(host)}:{port}/{quote(dbname, safe='')}",
                    user=params.get("user") or "postgres", password=params.get("password"), properties=properties)
 

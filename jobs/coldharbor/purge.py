@@ -5,12 +5,17 @@ Under the table's export, compaction and cleanup locks (so no job writes it mean
   1. PostgreSQL, one transaction held open across step 2: delete the matching rows (capture off:
      the rows must not travel to the lake as changes) and collect their keys;
   2. lake, one MERGE commit: delete every version of those keys and of the keys whose latest lake
-     version matches (rows evicted from the hot tier), and every other version that matches;
+     version matches and that PostgreSQL no longer holds (rows evicted from the hot tier, deletes
+     not yet exported), and every other version that matches;
   3. delete the change_log rows of those keys; commit PostgreSQL. A crash before this commit
      leaves rows in PostgreSQL that reports miss: rows being purged anyway, and a rerun finishes;
   4. VACUUM with the purge's own retention, so the files holding old versions go;
   5. verify: no matching row or purged key in the current version, in any data file left in the
      table's folder, in the table or in the change log.
+
+The purge decides per key by its current row: a key whose newest lake version matches but whose
+current PostgreSQL row does not (an update not yet exported) loses its matching lake versions only;
+its row and its dirty change_log rows stay, so reports keep showing the current row.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class PurgeResult:
     predicate: str
     hot_rows_deleted: int = 0
     keys_purged: int = 0
+    keys_kept: int = 0       # newest lake version matched, current row does not: only matching versions went
     lake_rows_deleted: int = 0
     change_log_deleted: int = 0
     files_vacuumed: int = 0
@@ -111,29 +117,26 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
             rows = lake.read_version(spark, path, lake.pin_version(spark, path))
             latest_match = (rows.transform(latest_per_key(key_names))
                             .filter(~F.col(DELETED)).filter(predicate.spark).select(*key_names))
-            all_keys |= {tuple(r) for r in latest_match.collect()}
+            lake_matches = {tuple(r) for r in latest_match.collect()} - all_keys
+            current = _current_keys(conn, table, keys, lake_matches)
+            result.keys_kept = len(current)
+            all_keys |= lake_matches - current
             with pg.lake_commit_lock(conn, table.table_id, path):
                 result.lake_rows_deleted, result.lake_version = _merge_delete(
                     spark, path, rows.schema, key_names, sorted(all_keys, key=repr), predicate, config)
         result.keys_purged = len(all_keys)
-        result.change_log_deleted = conn.execute(sql.SQL("""
-            DELETE FROM coldharbor.change_log
-             WHERE table_id = {table_id}
-               AND key IN (SELECT jsonb_build_object({pairs}) FROM unnest({arrays}) AS u({names}))""").format(
-            table_id=sql.Literal(table.table_id),
-            pairs=sql.SQL(", ").join(sql.SQL("{}, u.{}").format(sql.Literal(k), sql.Identifier(k)) for k in key_names),
-            arrays=sql.SQL(", ").join(sql.SQL("%s::{}[]").format(sql.SQL(c.pg_type)) for c in keys),
-            names=sql.SQL(", ").join(sql.Identifier(k) for k in key_names)),
-            [[key[i] for key in all_keys] for i in range(len(keys))]).rowcount
+        where, params = _change_log_of(conn, table, keys, all_keys)
+        result.change_log_deleted = conn.execute(
+            sql.SQL("DELETE FROM coldharbor.change_log WHERE {}").format(where), params).rowcount
     if has_lake:
         with pg.lake_commit_lock(conn, table.table_id, path):
             result.files_vacuumed = len(vacuum_files(spark, path, config.vacuum_retention, dry_run=False,
                                                      align_untracked=False))
-    result.remaining = verify(spark, conn, table, path, key_names, all_keys, predicate, has_lake)
-    log.info("%s: purged %s: %s hot rows, %s keys, %s lake rows (version %s), %s change_log rows, %s files "
-             "vacuumed; remaining: %s", table.qualified_name, predicate.text, result.hot_rows_deleted,
-             result.keys_purged, result.lake_rows_deleted, result.lake_version, result.change_log_deleted,
-             result.files_vacuumed, result.remaining)
+    result.remaining = verify(spark, conn, table, path, keys, all_keys, predicate, has_lake)
+    log.info("%s: purged %s: %s hot rows, %s keys (%s kept for their current row), %s lake rows (version %s), "
+             "%s change_log rows, %s files vacuumed; remaining: %s", table.qualified_name, predicate.text,
+             result.hot_rows_deleted, result.keys_purged, result.keys_kept, result.lake_rows_deleted,
+             result.lake_version, result.change_log_deleted, result.files_vacuumed, result.remaining)
     return result
 
 
@@ -154,6 +157,38 @@ def _delete_hot_rows(conn: psycopg.Connection, table: RegisteredTable, keys: lis
     return [tuple(read[position - 1][:-1]) for (position,) in deleted]
 
 
+def _key_rows(keys: list[LakeColumn], values: set[tuple]) -> tuple[sql.Composable, list[list]]:
+    """A query of `values` (keys as the lake holds them) as rows u(key columns) of their PostgreSQL
+    types, and its parameters."""
+    query = sql.SQL("SELECT * FROM unnest({arrays}) AS u({names})").format(
+        arrays=sql.SQL(", ").join(sql.SQL("%s::{}[]").format(sql.SQL(c.pg_type)) for c in keys),
+        names=sql.SQL(", ").join(sql.Identifier(c.name) for c in keys))
+    return query, [[key[i] for key in values] for i in range(len(keys))]
+
+
+def _current_keys(conn: psycopg.Connection, table: RegisteredTable, keys: list[LakeColumn],
+                  values: set[tuple]) -> set[tuple]:
+    """Those of `values` whose row PostgreSQL holds now (read in the purge's transaction)."""
+    if not values:
+        return set()
+    rows, params = _key_rows(keys, values)
+    names = sql.SQL(", ").join(sql.Identifier(c.name) for c in keys)
+    found = conn.execute(sql.SQL("SELECT {lake} FROM {table} WHERE ({names}) IN ({rows})").format(
+        lake=sql.SQL(", ").join(_as_lake_value(c) for c in keys), table=table.identifier, names=names, rows=rows),
+        params).fetchall()
+    return {tuple(r) for r in found}
+
+
+def _change_log_of(conn: psycopg.Connection, table: RegisteredTable, keys: list[LakeColumn],
+                   values: set[tuple]) -> tuple[sql.Composable, list]:
+    """A condition on coldharbor.change_log selecting the rows of these keys, and its parameters.
+    The keys are matched as capture logs them: coldharbor.key_sql() builds their canonical form."""
+    rows, params = _key_rows(keys, values)
+    canonical_key = conn.execute("SELECT coldharbor.key_sql(%s, 'u')", (table.table_id,)).fetchone()[0]
+    return sql.SQL("table_id = {} AND key IN (SELECT {} FROM ({}) u)").format(
+        sql.Literal(table.table_id), sql.SQL(canonical_key), rows), params
+
+
 def _as_lake_value(column: LakeColumn) -> sql.Composable:
     """A key column as the lake holds it (uuid as text), so hot and lake keys compare equal."""
     if column.pg_type in hot_reader.AS_TEXT:
@@ -163,7 +198,7 @@ def _as_lake_value(column: LakeColumn) -> sql.Composable:
 
 def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], keys: list[tuple],
                   predicate: Predicate, config: PurgeConfig) -> tuple[int, int]:
-    """One Delta commit: every version of the purged keys, and every other matching version."""
+    """One Delta commit: every version of the purged keys, and every other matching live version."""
     from delta.tables import DeltaTable
 
     key_schema = ", ".join(f"`{k}` {schema[k].dataType.simpleString()}" for k in key_names)
@@ -173,7 +208,7 @@ def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], 
     with temporary_conf(spark, {"spark.databricks.delta.commitInfo.userMetadata": metadata}):
         (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), on)
          .whenMatchedDelete()
-         .whenNotMatchedBySourceDelete(condition=predicate.spark)
+         .whenNotMatchedBySourceDelete(condition=_live_match(predicate))
          .execute())
     entry = lake.find_commit_entry(spark, path, {"operation": "coldharbor-purge", "run_id": config.run_id})
     if entry is None:
@@ -181,18 +216,29 @@ def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], 
     return int(entry["metrics"].get("numTargetRowsDeleted", 0)), entry["version"]
 
 
-def verify(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str, key_names: list[str],
-           keys: set[tuple], predicate: Predicate, has_lake: bool) -> dict[str, int]:
-    """Counts of purged rows still present; all zero when the purge is complete."""
+def _live_match(predicate: Predicate) -> str:
+    """The predicate over lake rows: a delete marker holds no values (NULL columns), so it never
+    matches; removing it (say for `col IS NULL`) would bring the key's older version back."""
+    return f"NOT `{DELETED}` AND ({predicate.spark})"
+
+
+def verify(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
+           key_columns: list[LakeColumn], keys: set[tuple], predicate: Predicate, has_lake: bool) -> dict[str, int]:
+    """Counts of purged rows still present; all zero when the purge is complete. The change log is
+    checked by key (its rows hold keys, no values to match)."""
+    key_names = [c.name for c in key_columns]
+    where, params = _change_log_of(conn, table, key_columns, keys)
     with conn.transaction():
         registry.guard_read(conn, table)
         remaining = {
             "postgres_rows": conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {}").format(
                 table.identifier, sql.SQL(predicate.postgres))).fetchone()[0],
+            "change_log_rows": conn.execute(sql.SQL("SELECT count(*) FROM coldharbor.change_log WHERE {}").format(
+                where), params).fetchone()[0],
         }
     if has_lake:
         def matches(rows: DataFrame) -> int:
-            hit = F.expr(predicate.spark)
+            hit = F.expr(_live_match(predicate))
             if keys:
                 source = spark.createDataFrame(sorted(keys, key=repr), rows.select(*key_names).schema)
                 rows = rows.join(source.withColumn("_ch_purged", F.lit(True)), on=key_names, how="left")
@@ -233,8 +279,9 @@ def parse_args(argv: list[str]) -> PurgeConfig:
                     "but rows remain in files the retention keeps.")
     parser.add_argument("--table", required=True, help="the registered table (schema.table)")
     parser.add_argument("--where", required=True,
-                        help="the rows to purge, e.g. \"customer = 'c-17'\": columns, literals, comparisons, "
-                             "AND/OR/NOT, IN, BETWEEN, IS NULL, LIKE")
+                        help="the rows to purge, e.g. \"customer = 'c-17'\": comparisons of one column with "
+                             "literals (=, <>, <, <=, >, >=, BETWEEN, IN, LIKE, IS NULL) joined by AND/OR/NOT; "
+                             "a timestamptz literal names its zone (see README)")
     parser.add_argument("--lake-root", help=f"lake folder or URI (default: ${settings.LAKE_ROOT_ENV})")
     parser.add_argument("--vacuum-retention-hours", type=float, required=True,
                         help="VACUUM retention of this purge: files holding old versions go once older; 0 removes "

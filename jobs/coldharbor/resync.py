@@ -56,7 +56,7 @@ def resync_table(spark, conn, jdbc: pg.JdbcTarget, table: registry.RegisteredTab
                                  "nothing was changed, run the resync again when it is done")
         registry.require_privileges(conn, table)
         path = table.lake_path(config.lake_root)
-        recover_pending(spark, conn, table, path)
+        recover_pending(spark, conn, table, path, abandon_foreign=True)
         # A table whose initial load is still pending gets exactly that: its first base.
         kind = "load" if base_load.load_state(conn, table.table_id).pending else "resync"
         return base_load.write_base(spark, conn, jdbc, table, registry.lake_columns(conn, table), path, kind,

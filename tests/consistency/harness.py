@@ -18,16 +18,21 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
 from coldharbor import cleanup, compaction, pg, purge, registry
 from tests.consistency.model import Model
-from tests.helpers import export, spark_submit
+from tests.helpers import export, lake_live, spark_submit
 
+# Application sessions as different as settings make a key's text (the jobs pin their own).
+APP_SETTINGS = ({"TimeZone": "UTC", "bytea_output": "hex", "DateStyle": "ISO, MDY"},
+                {"TimeZone": "Pacific/Chatham", "bytea_output": "escape", "DateStyle": "SQL, DMY"})
 KEYS = range(1, 41)  # a small key space, so keys collide, die and come back
 # Crash points, each with the job that reaches it.
 CRASH_POINTS = {
@@ -93,10 +98,15 @@ class Run:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self.settings_rng = random.Random(-self.seed)  # its own stream: the seeds' steps stay as they were
         self.table = f"public.cs_{self.seed}_{uuid.uuid4().hex[:6]}"
         self.target = f"adhoc_cs_{self.table.split('.')[1]}"
-        self.conn = pg.connect(self.admin_dsn)
-        self.conn.execute(f"CREATE TABLE {self.table} (id int PRIMARY KEY, v text)")
+        self.conn = self.app_connection(autocommit=True)
+        # The model's key is id; the table's key is composite, with a timestamptz and a bytea column
+        # derived from it, whose text varies with the writing session's settings (invariant 15).
+        self.conn.execute(f"""CREATE TABLE {self.table} (
+            id int, at timestamptz GENERATED ALWAYS AS (to_timestamp(id * 60.5)) STORED,
+            raw bytea GENERATED ALWAYS AS (int4send(id)) STORED, v text, PRIMARY KEY (id, at, raw))""")
         if self.prefilled is None:
             self.prefilled = self.rng.random() < 0.5
         if self.prefilled:
@@ -111,6 +121,16 @@ class Run:
         self.stamp()
 
     # -- bookkeeping --------------------------------------------------------------------------
+
+    def app_connection(self, autocommit: bool) -> psycopg.Connection:
+        """An application connection in one of two sets of session settings, chosen at random: the
+        same key must stay one key whichever wrote it."""
+        conn = pg.connect(self.admin_dsn, autocommit=autocommit)
+        for name, value in self.settings_rng.choice(APP_SETTINGS).items():
+            conn.execute(sql.SQL("SELECT set_config({}, {}, false)").format(sql.Literal(name), sql.Literal(value)))
+        if not autocommit:
+            conn.commit()
+        return conn
 
     def value(self) -> str:
         self.counter += 1
@@ -147,7 +167,7 @@ class Run:
         if kind == "insert" and free:
             for key in rng.sample(free, min(len(free), rng.randint(1, 3))):
                 value = self.value()
-                conn.execute(f"INSERT INTO {t} VALUES (%s, %s)", (key, value))
+                conn.execute(f"INSERT INTO {t} (id, v) VALUES (%s, %s)", (key, value))
                 writes.append(("put", key, value))
         elif kind == "update" and hot:
             for key in rng.sample(hot, min(len(hot), rng.randint(1, 3))):
@@ -161,7 +181,7 @@ class Run:
         elif kind == "delete_reinsert" and hot:
             key, value = rng.choice(hot), self.value()
             conn.execute(f"DELETE FROM {t} WHERE id = %s", (key,))
-            conn.execute(f"INSERT INTO {t} VALUES (%s, %s)", (key, value))
+            conn.execute(f"INSERT INTO {t} (id, v) VALUES (%s, %s)", (key, value))
             writes += [("del", key, None), ("put", key, value)]
         elif kind == "pk_change" and hot and free:
             old, new = rng.choice(hot), rng.choice(free)
@@ -181,7 +201,7 @@ class Run:
         elif kind == "bulk_insert" and free:
             chosen = sorted(rng.sample(free, min(len(free), rng.randint(3, 8))))
             value = self.value()
-            conn.execute(f"INSERT INTO {t} SELECT k, %s || '-' || k FROM unnest(%s::int[]) k", (value, chosen))
+            conn.execute(f"INSERT INTO {t} (id, v) SELECT k, %s || '-' || k FROM unnest(%s::int[]) k", (value, chosen))
             writes += [("put", k, f"{value}-{k}") for k in chosen]
         return writes
 
@@ -195,7 +215,7 @@ class Run:
     def hold_open(self, step: int) -> None:
         if self.held is not None:
             return
-        conn = pg.connect(self.admin_dsn, autocommit=False)
+        conn = self.app_connection(autocommit=False)
         kind = self.rng.choice(("insert", "update", "delete", "bulk_update"))
         writes = self.write(kind, conn)
         self.held = Held(conn, writes, {k for _, k, _ in writes}, step + self.rng.randint(2, 6))
@@ -250,20 +270,63 @@ class Run:
                           f"pruned {result.change_log_pruned}")
 
     def purge(self) -> None:
+        """A purge by key range or, half the time, by value."""
         self.commit_held()  # its row locks would hold the purge's DELETE
+        if self.rng.random() < 0.5:
+            self.purge_range()
+        else:
+            self.purge_values()
+
+    def purge_range(self) -> None:
         low = self.rng.choice(list(KEYS))
         high = low + self.rng.randint(0, 3)
-        config = purge.PurgeConfig(table=self.table, where=f"id BETWEEN {low} AND {high}", lake_root=self.lake_root,
+        result = self.run_purge(f"id BETWEEN {low} AND {high}")
+        self.model.purge(low, high)
+        self.stamp()
+        self.trace.append(f"purge {result.predicate}: {result.keys_purged} keys")
+
+    def purge_values(self, values: list[str] | None = None) -> None:
+        """By `values`, or by some values once written or a prefix of one."""
+        where, matches = self.value_predicate(values)
+        # Keys deleted in PostgreSQL but not yet in the lake, whose newest lake version matches:
+        # the purge takes every version of them.
+        also = [k for k, v in self.lake_live().items() if k not in self.model.rows and matches(v)]
+        result = self.run_purge(where)
+        self.model.purge_values(matches, also)
+        self.stamp()
+        self.trace.append(f"purge {result.predicate}: {result.keys_purged} keys, {result.keys_kept} kept")
+
+    def run_purge(self, where: str) -> purge.PurgeResult:
+        config = purge.PurgeConfig(table=self.table, where=where, lake_root=self.lake_root,
                                    run_id=f"cs-{self.seed}-{len(self.trace)}", vacuum_retention=timedelta(0),
                                    allow_short_retention=True)
         with pg.connect(self.dsn) as conn:
             [table] = registry.load(conn, self.table)
             result = purge.purge(self.spark, conn, table, config)
         if not result.complete:
-            self.fail(f"purge of {low}..{high} left rows: {result.remaining}")
-        self.model.purge(low, high)
-        self.stamp()
-        self.trace.append(f"purge {low}..{high}: {result.keys_purged} keys")
+            self.fail(f"purge {where} left rows: {result.remaining}")
+        return result
+
+    def value_predicate(self, values: list[str] | None) -> tuple[str, Callable[[str], bool]]:
+        """`v IN (...)` over `values` or one to three values written so far, or `v LIKE 'prefix%'`,
+        with the same test in Python."""
+        if values:
+            return f"v IN ({', '.join(repr(v) for v in values)})", lambda v: v in values
+        written = sorted({v for _, rows in self.model.history for v in rows.values()} | set(self.model.rows.values()))
+        chosen = self.rng.sample(written, min(len(written), self.rng.randint(1, 3))) if written else [self.value()]
+        if self.rng.random() < 0.3:
+            prefix = chosen[0].rsplit("-", 1)[0] if chosen[0].count("-") > 1 else chosen[0]
+            return f"v LIKE '{prefix}%'", lambda v: v is not None and v.startswith(prefix)
+        return f"v IN ({', '.join(repr(v) for v in chosen)})", lambda v: v in chosen
+
+    def lake_live(self) -> dict[int, str]:
+        """The lake's newest live value per key (none before the first commit)."""
+        from coldharbor import lake
+
+        path = f"{self.lake_root}/{self.table.replace('.', '/')}"
+        if lake.pin_version(self.spark, path) is None:
+            return {}
+        return {key: row["v"] for (key,), row in lake_live(self.spark, self.lake_root, self.table, ["id"]).items()}
 
     def crash(self, point: str) -> None:
         """The job under spark-submit, killed at `point`; then the next run must recover."""
@@ -318,7 +381,11 @@ class Run:
         return code, (error[0] if error else None) or ""
 
     def served(self) -> dict[int, str]:
-        return {r[0]: r[1] for r in self.conn.execute(f"SELECT id, v FROM reports.{self.target}")}
+        rows = self.conn.execute(f"SELECT id, v FROM reports.{self.target}").fetchall()
+        served = {r[0]: r[1] for r in rows}
+        if len(served) != len(rows):
+            self.fail(f"the report served a key twice: {sorted(r[0] for r in rows)}")
+        return served
 
     def compare(self, actual: dict[int, str], expected: dict[int, str], what: str) -> None:
         if actual == expected:
@@ -425,7 +492,8 @@ class Run:
         self.report()
         for _ in range(2):
             self.report_as_of()
-        self.report_as_of(self.rng.choice(self.export_instants))
+        since = self.model.history[0][0]  # a purge by value restarts the history the model can answer
+        self.report_as_of(self.rng.choice([at for at in self.export_instants if at >= since] or [since]))
 
     def close(self) -> None:
         if self.held is not None:

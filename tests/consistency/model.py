@@ -2,13 +2,18 @@
 
 The model is the table as committed, key -> value, plus its history: the state after every commit,
 stamped with a PostgreSQL clock reading taken after the commit and before the next write began.
-Eviction does not change it (invariant 10); a purge removes its keys from the present and from
-every past state (a purge erases history too).
+Eviction does not change it (invariant 10); a purge by key range removes its keys from the present
+and from every past state (a purge erases history too). A purge by value removes the rows whose
+current value matches and keeps every other current row (an unexported update out of the
+predicate included); which past versions it erases depends on what was exported (an erased
+version falls back to the one exported before it), which the model does not track: its history
+restarts at the purge, and as-of checks only ask about instants after it.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -36,6 +41,13 @@ class Model:
 
         self.rows = keep(self.rows)
         self.history = [(at, keep(rows)) for at, rows in self.history]
+
+    def purge_values(self, matches: Callable[[str], bool], also: Iterable[int] = ()) -> None:
+        """A purge by value: the rows whose current value matches go, and the keys in `also` (no
+        longer in the table, whose newest exported version matched); the history restarts."""
+        gone = set(also)
+        self.rows = {k: v for k, v in self.rows.items() if not matches(v) and k not in gone}
+        self.history = []
 
     def as_of(self, at: datetime) -> dict[int, str]:
         """The state at `at`: the last stamp at or before it."""

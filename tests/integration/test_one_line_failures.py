@@ -153,4 +153,4 @@ def test_an_unreachable_s3_lake_is_one_line_for_export_recovery_cleanup_and_comp
         assert done.returncode == 2, (job, done.stdout[-3000:])
         assert message in one_error_line(done.stdout), job
     assert dirty_ids(pg_conn, table_name) == dirty
-    assert batches.pending(pg_conn, table.table_id) == [(batch.batch_id, "changes")]
+    assert batches.pending(pg_conn, table.table_id) == [(batch.batch_id, "changes", batch.commit_token)]

@@ -8,9 +8,10 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from coldharbor import pg, registry, resync, verify
+from coldharbor import export as export_job
+from coldharbor import lake, pg, registry, resync, verify
 from coldharbor.errors import TableBusyError
-from tests.helpers import export, lake_live, pg_rows, serve_report
+from tests.helpers import dirty_ids, export, lake_live, pg_rows, serve_report
 
 DDL = "id bigint PRIMARY KEY, customer text, amount numeric(12,2), status text"
 
@@ -125,6 +126,64 @@ def test_resync_keeps_earlier_versions_for_as_of_reports(spark, pg_dsn, pg_conn,
                         "--target", "adhoc_resync_now") == 0
     assert pg_conn.execute("SELECT total FROM reports.adhoc_resync_now").fetchone()[0] == \
         pg_conn.execute(f"SELECT sum(amount) FROM {table_name}").fetchone()[0]
+
+
+def take_backup(conn, name: str) -> dict:
+    """What a backup of PostgreSQL holds of the table: its rows, its change_log (ids and which are
+    dirty), its batch counter."""
+    conn.execute(f"CREATE TABLE {name}_backup AS SELECT * FROM {name}")
+    [table] = registry.load(conn, name)
+    return {"table_id": table.table_id,
+            "last_batch_id": conn.execute("SELECT last_batch_id FROM coldharbor.tables WHERE table_id = %s",
+                                          (table.table_id,)).fetchone()[0],
+            "last_change": conn.execute("SELECT max(id) FROM coldharbor.change_log WHERE table_id = %s",
+                                        (table.table_id,)).fetchone()[0],
+            "dirty": dirty_ids(conn, name)}
+
+
+def restore_backup(conn, name: str, backup: dict) -> None:
+    """Puts the table and its coldharbor rows back as the backup held them (no trigger fires: a
+    restore does not capture), while the lake keeps every later commit."""
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        conn.execute(f"DELETE FROM {name}")
+        conn.execute(f"INSERT INTO {name} SELECT * FROM {name}_backup")
+        conn.execute("DELETE FROM coldharbor.change_log WHERE table_id = %s AND id > %s",
+                     (backup["table_id"], backup["last_change"]))
+        conn.execute("UPDATE coldharbor.change_log SET flushed_at = NULL, lake_version = NULL "
+                     "WHERE table_id = %s AND id = ANY(%s)", (backup["table_id"], backup["dirty"]))
+        conn.execute("DELETE FROM coldharbor.export_batches WHERE table_id = %s AND batch_id > %s",
+                     (backup["table_id"], backup["last_batch_id"]))
+        conn.execute("UPDATE coldharbor.tables SET last_batch_id = %s WHERE table_id = %s",
+                     (backup["last_batch_id"], backup["table_id"]))
+
+
+def test_an_export_after_postgresql_was_restored_from_a_backup_is_refused_until_resync(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog):
+    path = loaded_table(spark, pg_dsn, pg_conn, table_name, lake_root, rows=300)
+    backup = take_backup(pg_conn, table_name)  # with dirty changes of its own
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"UPDATE {table_name} SET amount = amount + 1 WHERE id <= 40")
+    export(spark, pg_dsn, table_name, lake_root)  # the lake moves two batches past the backup
+    restore_backup(pg_conn, table_name, backup)
+    pg_conn.execute(f"UPDATE {table_name} SET status = 'after-restore' WHERE id > 250")
+    dirty = dirty_ids(pg_conn, table_name)
+    version = lake.pin_version(spark, path)
+
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    assert export_job.main(["--table", table_name, "--lake-root", lake_root]) == 2
+    assert "PostgreSQL is behind the lake" in caplog.text
+    assert f"jobs/resync.py --table public.{table_name}" in caplog.text
+    assert dirty_ids(pg_conn, table_name) == dirty  # nothing marked flushed
+    assert lake.pin_version(spark, path) == version  # nothing written
+    assert not run_verify(spark, pg_dsn, table_name, lake_root).in_sync
+
+    run_resync(spark, pg_dsn, table_name, lake_root)
+    assert run_verify(spark, pg_dsn, table_name, lake_root).in_sync
+    pg_conn.execute(f"UPDATE {table_name} SET amount = -1 WHERE id = 7")
+    assert export(spark, pg_dsn, table_name, lake_root).status == "exported"
+    assert dirty_ids(pg_conn, table_name) == []
+    assert run_verify(spark, pg_dsn, table_name, lake_root).in_sync
 
 
 def test_resync_while_the_table_is_exported_changes_nothing(spark, pg_dsn, pg_conn, table_name, lake_root):

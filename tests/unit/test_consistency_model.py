@@ -32,3 +32,13 @@ def test_a_purge_erases_its_keys_from_the_present_and_the_past():
     model.purge(2, 3)
     assert model.rows == {1: "1", 4: "4", 5: "5", 9: "nine"}
     assert model.as_of(T0) == {1: "1", 4: "4", 5: "5"}
+
+
+def test_a_purge_by_value_keeps_current_rows_that_do_not_match_and_restarts_the_history():
+    model = Model()
+    model.apply([("put", 1, "x"), ("put", 2, "y"), ("put", 3, "z")])
+    model.stamp(T0)
+    model.apply([("put", 1, "w"), ("del", 3, None)])  # 1 no longer matches; 3 is gone but its last value did
+    model.purge_values(lambda v: v in ("x", "y", "z"), also=[3])
+    assert model.rows == {1: "w"}
+    assert model.history == []

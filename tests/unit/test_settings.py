@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coldharbor import settings
+from coldharbor import pg, settings
 from coldharbor.errors import ConfigError
 from coldharbor.hot_reader import dirty_images_query
 from coldharbor.pg import JdbcTarget, describe
@@ -153,8 +153,8 @@ def test_jdbc_target_carries_the_dsns_tls_options_and_name_as_properties():
     assert target.url == "jdbc:postgresql://db.internal:6543/shop"
     options = target.options()
     assert {k: options[k] for k in ("sslmode", "sslrootcert", "options", "ApplicationName", "connectTimeout")} == {
-        "sslmode": "verify-full", "sslrootcert": "/etc/ssl/db-root.crt", "options": "-c search_path=shop",
-        "ApplicationName": "nightly", "connectTimeout": "7"}
+        "sslmode": "verify-full", "sslrootcert": "/etc/ssl/db-root.crt",
+        "options": pg.pinned_options("-c search_path=shop"), "ApplicationName": "nightly", "connectTimeout": "7"}
     assert options["password"] == "s3cret" and "s3cret" not in target.url
 
 

@@ -1,0 +1,85 @@
+"""A write racing an eviction is refused with a serialization failure, never lost silently; after
+eviction an UPDATE of the evicted key changes nothing and an INSERT of it writes a new version."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from coldharbor import registry
+from tests.helpers import export, pg_rows, serve_report
+
+BLOCKED_WAIT_S = 120  # how long the test waits for the writer to block before giving up (never asserted)
+
+
+def wait_until_blocked(conn, pid: int) -> None:
+    """Until the backend `pid` waits on a lock (a bounded poll, not a timing assertion)."""
+    deadline = time.monotonic() + BLOCKED_WAIT_S
+    while conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] != "Lock":
+        assert time.monotonic() < deadline, "the writer never blocked on the eviction"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("write", ["UPDATE {t} SET v = 'late' WHERE id = 1", "DELETE FROM {t} WHERE id = 1"])
+def test_a_write_blocked_by_an_eviction_fails_with_a_serialization_failure(
+        spark, pg_dsn, admin_dsn, pg_conn, table_name, lake_root, monkeypatch, write):
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => '1 hour')", (table_name,))
+    [table] = registry.load(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'old'), (2, 'kept')")
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute("""UPDATE coldharbor.change_log SET created_at = created_at - interval '2 hours',
+                              flushed_at = flushed_at - interval '2 hours' WHERE table_id = %s""", (table.table_id,))
+    changes = pg_conn.execute("SELECT count(*) FROM coldharbor.change_log").fetchone()[0]
+
+    outcome: dict[str, object] = {}
+    with psycopg.connect(pg_dsn) as evicting, psycopg.connect(admin_dsn, autocommit=True) as writer:
+        assert evicting.execute("SELECT coldharbor.evict(%s, now())", (table.table_id,)).fetchone()[0] == 2
+        writer_pid = writer.info.backend_pid
+
+        def write_row() -> None:
+            try:
+                outcome["rows"] = writer.execute(write.format(t=table_name)).rowcount
+            except psycopg.Error as exc:
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=write_row)
+        thread.start()
+        wait_until_blocked(pg_conn, writer_pid)
+        evicting.commit()
+        thread.join()
+
+        assert isinstance(outcome.get("error"), psycopg.errors.SerializationFailure), outcome
+        assert str(outcome["error"]).startswith(f"could not {write.split()[0].lower()} public.{table_name}: "
+                                                "rows of it were evicted from the hot tier")
+        # The retry sees the row gone from the hot tier: it changes nothing and logs nothing.
+        assert writer.execute(write.format(t=table_name)).rowcount == 0
+        assert pg_conn.execute("SELECT count(*) FROM coldharbor.change_log").fetchone()[0] == changes
+        # A write that did not race an eviction goes through as ever.
+        writer.execute(f"INSERT INTO {table_name} VALUES (1, 'new')")
+        writer.execute(f"UPDATE {table_name} SET v = 'newer' WHERE id = 1")
+
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT * FROM {table_name}",
+                        "--target", f"adhoc_{table_name}", "--run-id", f"{table_name}-race") == 0
+    assert pg_rows(pg_conn, f"SELECT * FROM reports.adhoc_{table_name}", ["id"]) == {
+        (1,): {"id": 1, "v": "newer"}, (2,): {"id": 2, "v": "kept"}}
+
+
+def test_an_eviction_waits_for_a_writers_transaction(pg_dsn, admin_dsn, pg_conn, table_name):
+    """A writer's open transaction keeps eviction out of its table until it ends: eviction evicts
+    nothing this run rather than delete under it."""
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => '1 hour')", (table_name,))
+    [table] = registry.load(pg_conn, table_name)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")
+    pg_conn.execute("UPDATE coldharbor.change_log SET flushed_at = now() - interval '2 hours', "
+                    "created_at = now() - interval '2 hours' WHERE table_id = %s", (table.table_id,))
+    with psycopg.connect(admin_dsn) as writer, psycopg.connect(pg_dsn) as evicting:
+        writer.execute(f"UPDATE {table_name} SET v = v WHERE id = 2")   # another key: the transaction stays open
+        assert evicting.execute("SELECT coldharbor.evict(%s, now())", (table.table_id,)).fetchone()[0] == 0
+        writer.commit()
+        evicting.commit()
+        assert evicting.execute("SELECT coldharbor.evict(%s, now())", (table.table_id,)).fetchone()[0] == 1

@@ -247,8 +247,11 @@ def main(argv: list[str]) -> int:
             for result in results:
                 log.info("result: %s", result)
             failed = [r for r in results if r.status == "failed"]
+            if len(results) == 1 and failed:
+                raise ExportFailed(failed[0].error)
             if failed:
-                raise ExportFailed(f"{len(failed)} of {len(results)} table(s) not exported, the others were: "
+                raise ExportFailed(f"{len(failed)} of {len(results)} tables not exported (the other "
+                                   f"{len(results) - len(failed)} were): "
                                    + "; ".join(f"{r.table}: {r.error}" for r in failed))
         return 0
 

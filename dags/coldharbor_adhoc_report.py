@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag
 from coldharbor_airflow.operators import ColdharborSparkJobOperator
+from coldharbor_airflow.params import whole
 from coldharbor_airflow.reports import report_specs
 from coldharbor_common import SPARK_POOL, START, default_args
 
@@ -39,13 +40,13 @@ ARGS = (
                         description="a report defined in sql/reports/ (leave empty to give SQL)"),
         "sql": Param(None, type=["null", "string"], minLength=1, maxLength=20000,
                      description="one SELECT over registered tables (when no report is chosen)"),
-        "target": Param("adhoc_result", type="string", pattern=r"^adhoc_[a-z0-9_]{1,40}$",
+        "target": Param("adhoc_result", type="string", pattern=whole(r"adhoc_[a-z0-9_]{1,40}"),
                         description="report table in the reports schema: adhoc_<name> (also for a chosen report)"),
         "mode": Param("strict", type="string", enum=["strict", "best_effort"]),
         # format gives the form its date picker; the pattern enforces it (jsonschema checks formats
         # only with optional packages).
         "as_of": Param(None, type=["null", "string"], format="date-time",
-                       pattern=r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$",
+                       pattern=whole(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?"),
                        description="answer as PostgreSQL held the data at this time (ISO 8601)"),
     },
     default_args=default_args(timeout=timedelta(minutes=30), retries=1),

@@ -13,6 +13,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag
 from coldharbor_airflow.operators import ColdharborSparkJobOperator
+from coldharbor_airflow.params import whole
 from coldharbor_common import SPARK_POOL, START, default_args
 
 IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_$]{0,62}"
@@ -25,7 +26,7 @@ IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_$]{0,62}"
     catchup=False,
     max_active_runs=1,
     params={
-        "table": Param(type="string", pattern=rf"^{IDENTIFIER}(\.{IDENTIFIER})?$",
+        "table": Param(type="string", pattern=whole(rf"{IDENTIFIER}(\.{IDENTIFIER})?"),
                        description="the registered table to rebuild in the lake: schema.table"),
     },
     default_args=default_args(timeout=timedelta(hours=6), retries=1),

@@ -193,11 +193,35 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
                                 table.qualified_name)
     if lake_keys is not None:
         advance_change_sequence(conn, lake_keys)
+    try:
+        _read_and_append(spark, conn, jdbc, table, columns, path, kind, run_id, batch_id, token, lake_keys,
+                         change, hook)
+    except Exception as exc:
+        if not pg.lock_timed_out(exc):
+            raise
+        raise TableBusyError(
+            f"the {kind} of {table.qualified_name} gave way to a statement that locks the table exclusively "
+            f"(TRUNCATE, a rewriting ALTER TABLE, VACUUM FULL): its readers waited {table_reader.READER_LOCK_TIMEOUT} "
+            "for their lock; nothing was written, the next run reads the table again") from None
+    hook(f"{kind}_after_commit")
+    landed = finish_if_committed(spark, conn, table, path, batch_id, kind, token)
+    if landed is None:
+        raise LakeUnavailableError(f"the {kind} of {table.qualified_name} was written to {path} but its commit "
+                                   "is not in the Delta history; nothing was recorded")
+    return landed
+
+
+def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
+                     columns: Sequence[LakeColumn], path: str, kind: str, run_id: str, batch_id: int, token: str,
+                     lake_keys: DataFrame | None, change: lake.SchemaChange, hook: faults.Hook) -> None:
+    """Reads the table in one exported snapshot and appends the base in one Delta commit."""
+    app_id = lake.export_app_id(table.table_id)
     with conn.transaction():
         # The exporting transaction stays open until the write's tasks have imported its snapshot.
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         registry.guard_read(conn, table)  # before the snapshot; its ACCESS SHARE lock is held while the readers read
         snapshot = table_reader.export_snapshot(conn, table)
+        table_reader.refuse_unrepresentable(conn, table, columns)
         hook(f"{kind}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
         rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=table.hot_retention is not None)
@@ -215,12 +239,6 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
                                         "snapshot_at": snapshot.taken_at.isoformat()},
                               add_columns=bool(change.added or change.metadata_added),
                               stats_columns=[*table.key_columns, *table.sort_by])
-    hook(f"{kind}_after_commit")
-    landed = finish_if_committed(spark, conn, table, path, batch_id, kind, token)
-    if landed is None:
-        raise LakeUnavailableError(f"the {kind} of {table.qualified_name} was written to {path} but its commit "
-                                   "is not in the Delta history; nothing was recorded")
-    return landed
 
 
 def finish_if_committed(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,

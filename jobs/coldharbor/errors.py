@@ -33,3 +33,7 @@ class TableBusyError(ColdharborError):
 
 class PrivilegeError(ColdharborError):
     """A role lacks a PostgreSQL privilege the job needs; nothing was changed."""
+
+
+class UnrepresentableValueError(ColdharborError):
+    """A row holds a value the lake cannot hold exactly; nothing of the table was written."""

@@ -20,7 +20,7 @@ import psycopg
 from pyspark.sql import SparkSession
 
 from coldharbor import base_load, batches, faults, hot_reader, lake, pg, registry, settings
-from coldharbor.errors import LakeUnavailableError
+from coldharbor.errors import ColdharborError, LakeUnavailableError
 from coldharbor.job_main import run_job
 from coldharbor.lake_rows import to_lake_rows
 from coldharbor.registry import RegisteredTable
@@ -39,13 +39,18 @@ class ExportConfig:
 @dataclass(frozen=True)
 class TableResult:
     table: str
-    status: str          # exported | loaded | clean | skipped
+    status: str          # exported | loaded | clean | skipped | failed
     batch_id: int | None = None
     rows: int = 0
     changes: int = 0
     lake_version: int | None = None
     recovered_batches: int = 0
     loaded_rows: int = 0     # rows of an initial load this run wrote first
+    error: str | None = None  # failed: why, one line; nothing of the table was marked or recorded
+
+
+class ExportFailed(ColdharborError):
+    """Some tables of a run were refused (each named with its reason); the rest were exported."""
 
 
 def parse_args(argv: list[str]) -> ExportConfig:
@@ -75,7 +80,17 @@ def needs_spark(conn: psycopg.Connection, table: RegisteredTable) -> bool:
 
 def run(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, config: ExportConfig,
         tables: list[RegisteredTable], hook: faults.Hook = faults.from_environment) -> list[TableResult]:
-    return [export_table(spark, conn, jdbc, table, config, hook) for table in tables]
+    """Exports each table in turn. A table refused for a reason of its own (a ColdharborError: a
+    privilege revoked, a column changed, a value the lake cannot hold) is a `failed` result and the
+    others still export; its own transaction rolled back, so nothing of it was marked or recorded."""
+    results = []
+    for table in tables:
+        try:
+            results.append(export_table(spark, conn, jdbc, table, config, hook))
+        except ColdharborError as exc:
+            log.warning("%s not exported: %s", table.qualified_name, exc)  # the run ends with one error line
+            results.append(TableResult(table.qualified_name, "failed", error=str(exc)))
+    return results
 
 
 def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
@@ -223,13 +238,21 @@ def main(argv: list[str]) -> int:
             if not todo:
                 log.info("nothing dirty in %s registered table(s); no Spark session started", len(tables))
                 return 0
-            for table in todo:
-                registry.require_privileges(conn, table)  # refuse before Spark starts
+            if len(todo) == 1:
+                registry.require_privileges(conn, todo[0])  # refuse before Spark starts
             from coldharbor.spark import get_session
 
             spark = get_session("coldharbor-cdc-export")
-            for result in run(spark, conn, jdbc, config, todo):
+            results = run(spark, conn, jdbc, config, todo)
+            for result in results:
                 log.info("result: %s", result)
+            failed = [r for r in results if r.status == "failed"]
+            if len(results) == 1 and failed:
+                raise ExportFailed(failed[0].error)
+            if failed:
+                raise ExportFailed(f"{len(failed)} of {len(results)} tables not exported (the other "
+                                   f"{len(results) - len(failed)} were): "
+                                   + "; ".join(f"{r.table}: {r.error}" for r in failed))
         return 0
 
     return run_job("cdc_export", body)

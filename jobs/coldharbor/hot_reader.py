@@ -172,11 +172,18 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
     return images.localCheckpoint(eager=True)
 
 
-def snapshot_read(spark: SparkSession, jdbc: JdbcTarget, query: str, snapshot_id: str, settings: str = "") -> DataFrame:
+def snapshot_read(spark: SparkSession, jdbc: JdbcTarget, query: str, snapshot_id: str, settings: str = "",
+                  lock_timeout: str | None = None) -> DataFrame:
     """One JDBC reader of `query` inside the exported snapshot `snapshot_id` (lazy: each action
-    re-reads, importing the snapshot again; its exporter must still be open)."""
-    init = f"{pg.session_settings_sql()}{settings}BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'"
-    return (spark.read.format("jdbc").options(**jdbc.options())
+    re-reads, importing the snapshot again; its exporter must still be open). A `lock_timeout` is a
+    startup option of every connection, so it bounds Spark's schema query too, which runs before
+    (and without) the init statement."""
+    init = (f"{pg.session_settings_sql()}{settings}"
+            f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'")
+    options = jdbc.options()
+    if lock_timeout:
+        options["options"] = f"{options.get('options', '')} -c lock_timeout={lock_timeout}".strip()
+    return (spark.read.format("jdbc").options(**options)
             .option("query", query)
             .option("fetchsize", JDBC_FETCH_SIZE)
             .option("preferTimestampNTZ", "true")  # timestamp (no zone) stays zone-free

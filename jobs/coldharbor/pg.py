@@ -104,6 +104,14 @@ def lost_postgres(exc: BaseException) -> PostgresUnavailableError | None:
     return PostgresUnavailableError(f"lost PostgreSQL during a Spark JDBC read or write: {first_line}")
 
 
+def lock_timed_out(exc: BaseException) -> bool:
+    """Whether a Spark job failed because a JDBC reader's lock_timeout ran out (SQLSTATE 55P03)."""
+    psql = _psql_exception(getattr(exc, "java_exception", None) or getattr(exc, "_origin", None))
+    if psql is not None:
+        return str(psql.getSQLState() or "") == "55P03"
+    return f"{_PSQL_EXCEPTION}: ERROR: canceling statement due to lock timeout" in str(exc)
+
+
 def _psql_exception(java_exc):
     """The PostgreSQL driver's exception in a JVM exception's cause chain, or None."""
     seen = 0

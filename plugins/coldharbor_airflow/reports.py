@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from coldharbor_airflow.params import whole
 from coldharbor_airflow.paths import JOBS_DIR, REPORTS_DIR
 
 # JSON schema of each report parameter type, for the trigger form and for validation before a run.
@@ -15,7 +16,7 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     "int": {"type": "integer", "minimum": -2**31, "maximum": 2**31 - 1},
     "bigint": {"type": "integer"},
     "double": {"type": "number"},
-    "decimal": {"type": "string", "pattern": r"^-?\d+(\.\d+)?$"},
+    "decimal": {"type": "string", "pattern": whole(r"-?\d+(\.\d+)?")},
     "boolean": {"type": "boolean"},
     "date": {"type": "string", "format": "date"},
     "timestamp": {"type": "string", "format": "date-time"},

@@ -84,7 +84,8 @@ def test_the_resync_dag_takes_the_table_as_a_checked_param_and_cleanup_verifies_
     assert (task.job, task.job_args) == ("resync.py", ["--table", "{{ params.table }}"])
     table = resync.params.get_param("table")
     table.resolve("public.orders")
-    for hostile in ("public.orders; DROP TABLE x", "--help", "a.b.c", "", "public.orders\n--lake-root /tmp"):
+    for hostile in ("public.orders; DROP TABLE x", "--help", "a.b.c", "", "public.orders\n--lake-root /tmp",
+                    "public.orders\n"):
         with pytest.raises(ParamValidationError):
             table.resolve(hostile)
     cleanup = bag.dags["coldharbor_cleanup"]

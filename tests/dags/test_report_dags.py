@@ -56,6 +56,9 @@ def test_report_dags_follow_their_headers(airflow_home, tmp_path, monkeypatch):
     ({"target": "adhoc_ok", "report": "no_such_report"}, "is not one of"),
     ({"target": "adhoc_ok", "sql": ""}, "should be non-empty"),
     ({"target": "adhoc_ok", "as_of": "yesterday"}, "does not match"),
+    # jsonschema's `$` also matches before a final newline: the patterns must end the value.
+    ({"target": "adhoc_ok\n"}, "does not match"),
+    ({"target": "adhoc_ok", "as_of": "2026-01-01T00:00Z\n"}, "does not match"),
 ])
 def test_the_adhoc_form_refuses_bad_input_before_a_run_exists(airflow_home, conf, message):
     import copy

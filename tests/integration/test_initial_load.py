@@ -7,12 +7,14 @@ their load runs: the review found that every earlier test registered an empty ta
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import psycopg
 import pytest
 
 from coldharbor import base_load, pg, registry
+from coldharbor.errors import TableBusyError
 from coldharbor.export import ExportConfig, run
 from tests.helpers import _normal, export, lake_live, lake_table, pg_rows, report_run, serve_report
 
@@ -213,6 +215,45 @@ def test_the_load_never_blocks_the_application(spark, pg_dsn, admin_dsn, pg_conn
     assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
 
 
+def test_a_truncate_during_the_load_goes_through_and_the_next_run_loads(spark, pg_dsn, admin_dsn, pg_conn,
+                                                                       table_name, lake_root):
+    """A TRUNCATE queued behind the load's lock made the JDBC readers queue behind it: the load waited
+    for its readers, the readers for the TRUNCATE, the TRUNCATE (and the application behind it) for
+    the load. Now the readers give up, the TRUNCATE goes through, and the next run loads."""
+    filled_table(pg_conn, table_name, 2000)
+    outcome, threads = {}, []
+
+    def truncate() -> None:
+        with psycopg.connect(admin_dsn, autocommit=True) as app:
+            app.execute("SET lock_timeout = '60s'")  # bounds the test had the cycle come back
+            try:
+                app.execute(f"TRUNCATE {table_name}")
+                outcome["truncate"] = "done"
+            except psycopg.Error as exc:
+                outcome["truncate"] = str(exc)
+
+    def truncate_after_snapshot(point: str) -> None:
+        if point != "load_after_snapshot":
+            return
+        threads.append(threading.Thread(target=truncate))
+        threads[0].start()
+        with psycopg.connect(admin_dsn, autocommit=True) as watcher:  # until the TRUNCATE waits for its lock
+            while not watcher.execute("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation = %s::regclass "
+                                      "AND NOT granted)", (table_name,)).fetchone()[0]:
+                time.sleep(0.05)
+
+    try:
+        with pytest.raises(TableBusyError, match="gave way to a statement that locks the table exclusively"):
+            export(spark, pg_dsn, table_name, lake_root, hook=truncate_after_snapshot)
+    finally:
+        for thread in threads:
+            thread.join()
+    assert outcome["truncate"] == "done" and state_of(pg_conn, table_name).pending
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'after', 1, 'new')")
+    export(spark, pg_dsn, table_name, lake_root)
+    assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
+
+
 def test_registration_settles_an_empty_table_at_commit_and_keeps_a_filled_one_pending(pg_conn, table_name):
     empty, filled = f"{table_name}_e", f"{table_name}_f"
     pg_conn.execute(f"CREATE TABLE {empty} ({DDL})")
@@ -238,3 +279,49 @@ def test_a_registration_in_a_repeatable_read_transaction_stays_pending_and_the_e
 
         assert not needs_spark(conn, table)  # settled by a snapshot look, no Spark started
     assert not state_of(pg_conn, table_name).pending
+
+
+EDGE_DDL = "id integer PRIMARY KEY, d date, ts timestamp, tz timestamptz, n numeric(38,30), t text"
+# Values at the edges of what the lake holds, each compared with PostgreSQL as text.
+EDGE_ROWS = [
+    (1, "0001-01-01", "0001-01-01 00:00:00", "0001-01-01 00:00:00+00", "0.000000000000000000000000000001", ""),
+    (2, "9999-12-31", "9999-12-31 23:59:59.999999", "9999-12-31 23:59:59.999999+00", "-12345678.123456789012345678901234567890", " "),
+    (3, "2024-02-29", "2024-02-29 01:02:03.000001", "2024-03-31 02:30:00.123456+05:45", "1", "it's \"q\" \\ ü 😀 \x01"),
+    (4, "1582-10-15", "1582-10-04 23:59:59.999999", "1900-01-01 00:00+01:23:45", "-0.5", "\t\n\r"),
+]
+# Values the lake cannot hold exactly, each in a table of its own among good ones.
+UNREPRESENTABLE = [("d", "infinity"), ("ts", "-infinity"), ("tz", "0044-03-15 12:00+00 BC"), ("d", "1582-10-10")]
+
+
+def test_edge_values_load_exactly_and_one_table_the_lake_cannot_hold_fails_alone(spark, pg_dsn, pg_conn, lake_root):
+    """A date or timestamp outside what the lake holds (infinity, BC, the ten days of 1582 the JDBC
+    calendar lacks) failed the Delta write, or landed ten days on, and failed every other table of
+    the run with it. Now that table alone is refused, naming column and value, and stays pending."""
+    good = f"t_{uuid.uuid4().hex[:10]}"
+    bad = [f"t_{uuid.uuid4().hex[:10]}" for _ in UNREPRESENTABLE]
+    for name in [good, *bad]:
+        pg_conn.execute(f"CREATE TABLE {name} ({EDGE_DDL})")
+        for row in EDGE_ROWS:
+            pg_conn.execute(f"INSERT INTO {name} VALUES (%s, %s, %s, %s, %s, %s)", row)
+    for name, (column, value) in zip(bad, UNREPRESENTABLE):
+        pg_conn.execute(f"UPDATE {name} SET {column} = %s WHERE id = 3", (value,))
+    for name in [good, *bad]:
+        pg_conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+    tables = [t for t in registry.load(pg_conn) if t.table_name in [good, *bad]]
+
+    results = {r.table: r for r in run(spark, pg_conn, pg.JdbcTarget.from_dsn(pg_dsn),
+                                       ExportConfig(None, lake_root, "edges"), tables, lambda point: None)}
+
+    assert results[f"public.{good}"].loaded_rows == len(EDGE_ROWS)
+    as_text = "id, d::text, ts::text, (tz AT TIME ZONE 'UTC')::text, n::text, t"
+    expected = sorted(pg_conn.execute(f"SELECT {as_text} FROM {good}").fetchall())
+    lake = (lake_table(spark, lake_root, good)
+            .selectExpr("id", "cast(d AS string)", "cast(ts AS string)",
+                        "date_format(tz, 'yyyy-MM-dd HH:mm:ss.SSSSSS')", "cast(n AS string)", "t").collect())
+    # PostgreSQL drops zero microseconds from the text; the lake's format keeps them.
+    assert sorted((r[0], r[1], r[2], r[3].removesuffix(".000000"), r[4], r[5]) for r in lake) == expected
+    for name, (column, value) in zip(bad, UNREPRESENTABLE):
+        result = results[f"public.{name}"]
+        assert result.status == "failed", result
+        assert f"column {column} holds" in result.error and "row id=3" in result.error, result.error
+        assert "\n" not in result.error and state_of(pg_conn, name).pending

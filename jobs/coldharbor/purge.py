@@ -26,7 +26,7 @@ import logging
 import sys
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import PurePosixPath
 
 import psycopg
@@ -117,7 +117,7 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
             rows = lake.read_version(spark, path, lake.pin_version(spark, path))
             latest_match = (rows.transform(latest_per_key(key_names))
                             .filter(~F.col(DELETED)).filter(predicate.spark).select(*key_names))
-            lake_matches = {tuple(r) for r in latest_match.collect()} - all_keys
+            lake_matches = {lake_key(r) for r in latest_match.collect()} - all_keys
             current = _current_keys(conn, table, keys, lake_matches)
             result.keys_kept = len(current)
             all_keys |= lake_matches - current
@@ -154,7 +154,7 @@ def _delete_hot_rows(conn: psycopg.Connection, table: RegisteredTable, keys: lis
         return []
     images = "[" + ",".join(row[-1] for row in read) + "]"  # JSON text as PostgreSQL wrote it: no float round trip
     deleted = conn.execute("SELECT coldharbor.purge_rows(%s, %s::jsonb)", (table.table_id, images)).fetchall()
-    return [tuple(read[position - 1][:-1]) for (position,) in deleted]
+    return [lake_key(read[position - 1][:-1]) for (position,) in deleted]
 
 
 def _key_rows(keys: list[LakeColumn], values: set[tuple]) -> tuple[sql.Composable, list[list]]:
@@ -176,7 +176,7 @@ def _current_keys(conn: psycopg.Connection, table: RegisteredTable, keys: list[L
     found = conn.execute(sql.SQL("SELECT {lake} FROM {table} WHERE ({names}) IN ({rows})").format(
         lake=sql.SQL(", ").join(_as_lake_value(c) for c in keys), table=table.identifier, names=names, rows=rows),
         params).fetchall()
-    return {tuple(r) for r in found}
+    return {lake_key(r) for r in found}
 
 
 def _change_log_of(conn: psycopg.Connection, table: RegisteredTable, keys: list[LakeColumn],
@@ -187,6 +187,19 @@ def _change_log_of(conn: psycopg.Connection, table: RegisteredTable, keys: list[
     canonical_key = conn.execute("SELECT coldharbor.key_sql(%s, 'u')", (table.table_id,)).fetchone()[0]
     return sql.SQL("table_id = {} AND key IN (SELECT {} FROM ({}) u)").format(
         sql.Literal(table.table_id), sql.SQL(canonical_key), rows), params
+
+
+def lake_key(values) -> tuple:
+    """A key as one Python value whichever tier it came from: Spark hands timestamps back naive
+    (in UTC: the jobs' zone), psycopg zone-aware; binary comes as bytearray or bytes. Keys of the
+    two tiers are compared as sets, so they must be equal values, not merely equal instants."""
+    def one(value):
+        if isinstance(value, datetime) and value.tzinfo is not None:
+            return value.astimezone(timezone.utc).replace(tzinfo=None)
+        if isinstance(value, (bytearray, memoryview)):
+            return bytes(value)
+        return value
+    return tuple(one(v) for v in values)
 
 
 def _as_lake_value(column: LakeColumn) -> sql.Composable:

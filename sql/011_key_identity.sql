@@ -425,9 +425,10 @@ BEGIN
               JOIN pg_attribute a ON a.attrelid = format('%I.%I', t.schema_name, t.table_name)::regclass AND a.attname = k;
             EXECUTE format($q$
                 UPDATE coldharbor.change_log c SET key = v.canonical
-                  FROM (SELECT id, %s AS canonical FROM (SELECT c.id, %s FROM coldharbor.change_log c
-                                                          WHERE c.table_id = %s) k) v
-                 WHERE c.id = v.id AND c.key IS DISTINCT FROM v.canonical$q$,
+                  FROM (SELECT k."coldharbor change id", %s AS canonical
+                          FROM (SELECT c.id AS "coldharbor change id", %s FROM coldharbor.change_log c
+                                 WHERE c.table_id = %s) k) v
+                 WHERE c.id = v."coldharbor change id" AND c.key IS DISTINCT FROM v.canonical$q$,
                 coldharbor.key_sql(t.table_id, 'k'), v_typed, t.table_id);
             PERFORM coldharbor.install_capture(t.table_id);
         EXCEPTION WHEN feature_not_supported THEN

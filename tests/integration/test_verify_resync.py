@@ -44,6 +44,7 @@ def run_resync(spark, dsn, name: str, lake_root: str):
 
 def test_a_table_with_dirty_changes_is_in_sync(spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, capsys):
     loaded_table(spark, pg_dsn, pg_conn, table_name, lake_root)
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
     assert verify.main(["--table", table_name, "--lake-root", lake_root, "--chunks", "5"]) == 0
     count = pg_conn.execute(f"SELECT count(*) FROM {table_name}").fetchone()[0]
     assert f"public.{table_name} in sync: {count} rows in 5 chunks" in capsys.readouterr().out
@@ -169,6 +170,7 @@ def test_an_export_after_postgresql_was_restored_from_a_backup_is_refused_until_
     dirty = dirty_ids(pg_conn, table_name)
     version = lake.pin_version(spark, path)
 
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
     assert export_job.main(["--table", table_name, "--lake-root", lake_root]) == 2
     assert "PostgreSQL is behind the lake" in caplog.text
     assert f"jobs/resync.py --table public.{table_name}" in caplog.text
@@ -196,6 +198,7 @@ def test_resync_while_the_table_is_exported_changes_nothing(spark, pg_dsn, pg_co
 
 @pytest.mark.parametrize("job", [verify, resync], ids=["verify", "resync"])
 def test_an_unregistered_table_is_refused_with_exit_2(pg_dsn, lake_root, monkeypatch, caplog, job):
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
     assert job.main(["--table", "public.no_such_table", "--lake-root", lake_root]) == 2
     assert "public.no_such_table is not registered" in caplog.text
 
@@ -204,6 +207,7 @@ def test_verify_before_the_initial_load_is_refused(spark, pg_dsn, pg_conn, table
     pg_conn.execute(f"CREATE TABLE {table_name} ({DDL})")
     pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a', 1, 'new')")
     pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
     assert verify.main(["--table", table_name, "--lake-root", lake_root]) == 2
     assert "initial load has not landed" in caplog.text
 

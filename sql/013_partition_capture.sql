@@ -371,8 +371,8 @@ BEGIN
                 USING ERRCODE = 'insufficient_privilege';
         END IF;
         IF r.here IS NOT NULL
-           AND NOT ((r.tg_kind = r.fn_kind AND r.fn_table_id = r.here)
-                    OR (r.tg_kind = 'evict_guard' AND r.fn_kind IN ('evict_guard', 'off'))) THEN
+           AND NOT coalesce((r.tg_kind = r.fn_kind AND r.fn_table_id = r.here)
+                             OR (r.tg_kind = 'evict_guard' AND r.fn_kind IN ('evict_guard', 'off')), false) THEN
             RAISE EXCEPTION 'cannot change trigger % on %: it captures the changes of a table registered with coldharbor',
                 quote_ident(r.tgname), r.rel
                 USING ERRCODE = 'insufficient_privilege';

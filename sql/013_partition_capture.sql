@@ -265,6 +265,10 @@ DECLARE
     v_rel  oid;
 BEGIN
     SELECT * INTO STRICT t FROM coldharbor.tables WHERE table_id = p_table_id;
+    -- A table created again under a registered name is not captured until it is registered again.
+    IF NOT coalesce(to_regclass(format('%I.%I', t.schema_name, t.table_name))::oid = ANY (t.capture_relations), false) THEN
+        RETURN;
+    END IF;
     v_tree := ARRAY(SELECT coldharbor.capture_tree(p_table_id));
     FOR v_rel IN SELECT m FROM unnest(v_tree) AS m WHERE m <> ALL (t.capture_relations) LOOP
         PERFORM coldharbor.capture_relation(p_table_id, v_rel::regclass);
@@ -524,7 +528,11 @@ BEGIN
         EXECUTE format('GRANT UPDATE (%s) ON %s TO coldharbor_owner', v_keys, p_table);
     END IF;
     FOR v_part IN SELECT relid FROM pg_partition_tree(p_table) WHERE relid <> p_table LOOP
-        EXECUTE format('GRANT SELECT, TRIGGER ON %s TO coldharbor_owner', v_part);
+        BEGIN
+            EXECUTE format('GRANT SELECT, TRIGGER ON %s TO coldharbor_owner', v_part);
+        EXCEPTION WHEN insufficient_privilege THEN
+            NULL;   -- another role's partition: capture_relation names it and the grant its owner runs
+        END;
     END LOOP;
 END;
 $$;

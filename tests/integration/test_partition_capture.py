@@ -170,3 +170,21 @@ def test_a_partition_cannot_be_registered_nor_a_registered_table_attached(pg_con
     with pytest.raises(psycopg.errors.InsufficientPrivilege,
                        match=f"{schema}.june is registered with coldharbor and cannot be a partition of {name}"):
         conn.execute(f"ALTER TABLE {name} ATTACH PARTITION {schema}.june FOR VALUES FROM ('2026-06-01') TO ('2026-07-01')")
+
+
+def test_a_partition_another_role_owns_is_named_with_the_grant_its_owner_runs(pg_conn, app):
+    schema, conn = app
+    name = f"{schema}.events"
+    for statement in LAYOUTS["range"].ddl:
+        conn.execute(statement.format(t=name))
+    pg_conn.execute(f"ALTER TABLE {name}_feb_rest OWNER TO CURRENT_USER")      # the superuser's now
+    with pytest.raises(psycopg.errors.InsufficientPrivilege,
+                       match=rf"cannot capture {name}_feb_rest, a partition of {name}: role coldharbor_owner lacks "
+                             "TRIGGER or SELECT on it") as refused:
+        conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+    assert refused.value.diag.message_hint == f"Its owner runs GRANT SELECT, TRIGGER ON {name}_feb_rest TO coldharbor_owner."
+    pg_conn.execute(f"GRANT SELECT, TRIGGER ON {name}_feb_rest TO coldharbor_owner")
+    conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+    conn.execute(f"INSERT INTO {name}_feb VALUES ('2026-02-01', 'us', 1, 'captured')")
+    assert pg_conn.execute("SELECT count(*) FROM coldharbor.change_log c JOIN coldharbor.tables t USING (table_id) "
+                           "WHERE t.schema_name = %s AND t.table_name = 'events'", (schema,)).fetchone()[0] == 1

@@ -60,7 +60,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
      LIMIT 1
 $$;
 
--- The relations of registered table p_table_id's partition tree: the table, then its partitions.
+-- The relations of registered table p_table_id's partition tree: the table and its partitions, at any depth.
 CREATE FUNCTION coldharbor.capture_tree(p_table_id integer)
 RETURNS SETOF oid
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

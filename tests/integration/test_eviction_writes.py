@@ -23,6 +23,25 @@ def wait_until_blocked(conn, pid: int) -> None:
         time.sleep(0.05)
 
 
+def write_while_evicting(admin_conn, evicting, writer, statement: str) -> dict[str, object]:
+    """Runs `statement` on `writer` while `evicting` holds an uncommitted eviction, commits the eviction
+    once the writer waits on it, and returns what the write did: {"rows": n} or {"error": exc}."""
+    outcome: dict[str, object] = {}
+
+    def write_row() -> None:
+        try:
+            outcome["rows"] = writer.execute(statement).rowcount
+        except psycopg.Error as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=write_row)
+    thread.start()
+    wait_until_blocked(admin_conn, writer.info.backend_pid)
+    evicting.commit()
+    thread.join()
+    return outcome
+
+
 @pytest.mark.parametrize("write", ["UPDATE {t} SET v = 'late' WHERE id = 1", "DELETE FROM {t} WHERE id = 1"])
 def test_a_write_blocked_by_an_eviction_fails_with_a_serialization_failure(
         spark, pg_dsn, admin_dsn, pg_conn, table_name, lake_root, monkeypatch, write):
@@ -35,23 +54,9 @@ def test_a_write_blocked_by_an_eviction_fails_with_a_serialization_failure(
                               flushed_at = flushed_at - interval '2 hours' WHERE table_id = %s""", (table.table_id,))
     changes = pg_conn.execute("SELECT count(*) FROM coldharbor.change_log").fetchone()[0]
 
-    outcome: dict[str, object] = {}
     with psycopg.connect(pg_dsn) as evicting, psycopg.connect(admin_dsn, autocommit=True) as writer:
         assert evicting.execute("SELECT coldharbor.evict(%s, now())", (table.table_id,)).fetchone()[0] == 2
-        writer_pid = writer.info.backend_pid
-
-        def write_row() -> None:
-            try:
-                outcome["rows"] = writer.execute(write.format(t=table_name)).rowcount
-            except psycopg.Error as exc:
-                outcome["error"] = exc
-
-        thread = threading.Thread(target=write_row)
-        thread.start()
-        wait_until_blocked(pg_conn, writer_pid)
-        evicting.commit()
-        thread.join()
-
+        outcome = write_while_evicting(pg_conn, evicting, writer, write.format(t=table_name))
         assert isinstance(outcome.get("error"), psycopg.errors.SerializationFailure), outcome
         assert str(outcome["error"]).startswith(f"could not {write.split()[0].lower()} public.{table_name}: "
                                                 "rows of it were evicted from the hot tier")
@@ -110,21 +115,9 @@ def test_a_write_to_a_partition_blocked_by_an_eviction_fails_with_a_serializatio
     export(spark, pg_dsn, table_name, lake_root)
     age_changes(pg_conn, table.table_id)
 
-    outcome: dict[str, object] = {}
     with psycopg.connect(pg_dsn) as evicting, psycopg.connect(admin_dsn, autocommit=True) as writer:
         assert evicting.execute("SELECT coldharbor.evict(%s, now())", (table.table_id,)).fetchone()[0] == 3
-
-        def write_row() -> None:
-            try:
-                outcome["rows"] = writer.execute(write.format(t=table_name)).rowcount
-            except psycopg.Error as exc:
-                outcome["error"] = exc
-
-        thread = threading.Thread(target=write_row)
-        thread.start()
-        wait_until_blocked(pg_conn, writer.info.backend_pid)
-        evicting.commit()
-        thread.join()
+        outcome = write_while_evicting(pg_conn, evicting, writer, write.format(t=table_name))
         assert isinstance(outcome.get("error"), psycopg.errors.SerializationFailure), outcome
         writer.execute(f"INSERT INTO {table_name}_2_low VALUES (2, 1, 'new')")
 

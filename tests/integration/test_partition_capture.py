@@ -188,3 +188,19 @@ def test_a_partition_another_role_owns_is_named_with_the_grant_its_owner_runs(pg
     conn.execute(f"INSERT INTO {name}_feb VALUES ('2026-02-01', 'us', 1, 'captured')")
     assert pg_conn.execute("SELECT count(*) FROM coldharbor.change_log c JOIN coldharbor.tables t USING (table_id) "
                            "WHERE t.schema_name = %s AND t.table_name = 'events'", (schema,)).fetchone()[0] == 1
+
+
+def test_a_concurrent_detach_logs_the_rows_that_leave_when_it_completes(pg_conn, app):
+    schema, conn = app
+    name = f"{schema}.events"
+    conn.execute(f"CREATE TABLE {name} (k int, id int, v text, PRIMARY KEY (k, id)) PARTITION BY LIST (k)")
+    conn.execute(f"CREATE TABLE {name}_1 PARTITION OF {name} FOR VALUES IN (1)")
+    conn.execute(f"CREATE TABLE {name}_2 PARTITION OF {name} FOR VALUES IN (2)")
+    conn.execute(f"INSERT INTO {name} VALUES (1, 1, 'stays'), (2, 1, 'leaves'), (2, 2, 'leaves too')")
+    conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+    conn.execute(f"ALTER TABLE {name} DETACH PARTITION {name}_2 CONCURRENTLY")
+    conn.execute(f"INSERT INTO {name}_2 VALUES (2, 3, 'no longer the table''s')")
+    conn.execute(f"DROP TABLE {name}_2")
+    assert pg_conn.execute("""SELECT c.key, c.op FROM coldharbor.change_log c JOIN coldharbor.tables t USING (table_id)
+                               WHERE t.schema_name = %s AND t.table_name = 'events' ORDER BY c.id""",
+                           (schema,)).fetchall() == [({"k": 2, "id": 1}, "D"), ({"k": 2, "id": 2}, "D")]

@@ -101,12 +101,12 @@ def test_ddl_that_changes_rows_sends_the_table_back_and_the_next_export_rebuilds
     "ALTER TABLE {t} ADD COLUMN note text",
     "ALTER TABLE {t} ALTER COLUMN status SET DEFAULT 'paid'",
     "CREATE INDEX ON {t} (customer)",
-    "ALTER TABLE {t} ALTER COLUMN amount TYPE numeric(14,2)",
+    "ALTER TABLE {t} ALTER COLUMN code TYPE varchar(40)",
     "ALTER TABLE {t} DROP COLUMN customer",
 ], ids=["nullable column", "default for new rows", "index", "type without rewrite", "dropped column"])
 def test_ddl_that_changes_no_row_keeps_the_table_in_the_lake(spark, pg_dsn, pg_conn, table_name, lake_root, ddl):
     t = table_name
-    filled_table(pg_conn, t)
+    filled_table(pg_conn, t, ddl=DDL + ", code varchar(10) DEFAULT 'k'")
     exported_and_in_the_lake(spark, pg_conn, pg_dsn, lake_root, t)
 
     pg_conn.execute(ddl.format(t=t))

@@ -198,15 +198,17 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     if kind not in KINDS:
         raise ValueError(f"a base is one of {KINDS}, not {kind!r}")
     app_id = lake.export_app_id(table.table_id)
+    # Refusals (an unwritable lake, a type the lake table cannot take) come before the intent, so a
+    # refused base leaves nothing behind.
+    lake.ensure_writable(spark, path)
+    change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
+                                table.qualified_name)
     batch_id, token = begin(conn, table, kind, run_id, lake.committed_txn_version(spark, path, app_id))
     hook(f"{kind}_after_intent")
-    lake.ensure_writable(spark, path)
     keys = [c.name for c in columns if c.is_key]
     # A lake table already there (a resync, or a load into a location used before) keeps its rows:
     # the base outranks them key by key, and marks the keys PostgreSQL no longer has deleted.
     lake_keys = lake_sequences(spark, path, keys)
-    change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
-                                table.qualified_name)
     if lake_keys is not None:
         advance_change_sequence(conn, lake_keys)
     try:

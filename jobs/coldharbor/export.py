@@ -103,10 +103,14 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         path = table.lake_path(config.lake_root)
         recovered = recover_pending(spark, conn, table, path)
         loaded = None
-        if base_load.load_state(conn, table.table_id).pending and not base_load.settle_without_spark(conn, table):
-            # The initial load lands before the first batch of changes (invariant 12).
+        state = base_load.load_state(conn, table.table_id)
+        if state.pending and not base_load.settle_without_spark(conn, table):
+            # The initial load (or a rebase after DDL, sql/014) lands before the next batch of changes
+            # (invariant 12).
+            if state.rebase_pending:
+                log.warning("%s: writing a new base from PostgreSQL: %s", table.qualified_name, state.rebase_reason)
             loaded = base_load.write_base(spark, conn, jdbc, table, registry.lake_columns(conn, table), path,
-                                          "load", config.run_id, hook)
+                                          state.base_kind, config.run_id, hook)
         if not hot_reader.has_dirty(conn, table.table_id):
             log.info("%s: nothing dirty", table.qualified_name)
             return TableResult(table.qualified_name, "loaded" if loaded else "clean", recovered_batches=recovered,

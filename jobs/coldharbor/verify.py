@@ -152,7 +152,11 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
                  config: VerifyConfig) -> VerifyResult:
     from coldharbor.serve import table_view
 
-    if base_load.load_state(conn, table.table_id).pending:
+    state = base_load.load_state(conn, table.table_id)
+    if state.rebase_pending:
+        raise ConfigError(f"{table.qualified_name} cannot be verified yet: its lake rows are being rebuilt from "
+                          f"PostgreSQL ({state.rebase_reason}); the next export writes the new base")
+    if state.pending:
         raise ConfigError(f"{table.qualified_name} cannot be verified yet: its initial load has not landed "
                           "(the next export writes it)")
     registry.require_privileges(conn, table)

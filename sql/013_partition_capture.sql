@@ -243,7 +243,7 @@ BEGIN
                        v_prefix, v_kind);
     END LOOP;
 
-    v_tree := ARRAY(SELECT coldharbor.capture_tree(p_table_id));
+    v_tree := ARRAY(SELECT m FROM coldharbor.capture_tree(p_table_id) AS m ORDER BY m);   -- sorted, as capture_partitions compares it
     PERFORM coldharbor.capture_relation(p_table_id, m) FROM unnest(v_tree) AS m;
     PERFORM coldharbor.release_relation(m)
        FROM unnest(t.capture_relations) AS m
@@ -269,7 +269,7 @@ BEGIN
     IF NOT coalesce(to_regclass(format('%I.%I', t.schema_name, t.table_name))::oid = ANY (t.capture_relations), false) THEN
         RETURN;
     END IF;
-    v_tree := ARRAY(SELECT coldharbor.capture_tree(p_table_id));
+    v_tree := ARRAY(SELECT m FROM coldharbor.capture_tree(p_table_id) AS m ORDER BY m);   -- sorted: compared below
     FOR v_rel IN SELECT m FROM unnest(v_tree) AS m WHERE m <> ALL (t.capture_relations) LOOP
         PERFORM coldharbor.capture_relation(p_table_id, v_rel::regclass);
         PERFORM coldharbor.log_rows(p_table_id, v_rel::regclass, 'I', 'ATTACH PARTITION');

@@ -15,9 +15,10 @@ from datetime import datetime
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg import sql
 
-from coldharbor import base_load, hot_reader, registry
+from coldharbor import base_load, hot_reader, lake_values, registry
 from coldharbor.errors import LakeUnavailableError
 from coldharbor.lake_rows import DELETED
 from coldharbor.registry import LakeColumn, RegisteredTable
@@ -74,19 +75,18 @@ def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], pi
         SELECT {columns}, {missing} AS {deleted}
         FROM dirty d LEFT JOIN {table} t ON {key_match}""").format(
         changes=_changes_since(table, pinned_version),
-        columns=sql.SQL(", ").join(hot_reader.column_expr(c) for c in columns),
+        columns=hot_reader.checked_select(columns, hot_reader.image_value, through_jdbc=False),
         deleted=sql.Identifier(DELETED), table=relation or table.identifier, key_match=hot_reader.key_match(columns),
         missing=hot_reader.row_missing(columns))
 
 
 def whole_table_query(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sql.Composed:
     """Best effort without the lake: the rows the hot tier still holds."""
-    def expr(c: LakeColumn) -> sql.Composable:
-        col = sql.SQL("t.{}").format(sql.Identifier(c.name))
-        return sql.SQL("{}::text AS {}").format(col, sql.Identifier(c.name)) if c.pg_type in hot_reader.AS_TEXT \
-            else sql.SQL("{} AS {}").format(col, sql.Identifier(c.name))
+    def value_of(c: LakeColumn) -> sql.Composable:
+        return sql.SQL("t.{}").format(sql.Identifier(c.name))
+
     return sql.SQL("SELECT {columns}, false AS {deleted} FROM {table} t").format(
-        columns=sql.SQL(", ").join(expr(c) for c in columns), deleted=sql.Identifier(DELETED),
+        columns=hot_reader.checked_select(columns, value_of, through_jdbc=False), deleted=sql.Identifier(DELETED),
         table=table.identifier)
 
 
@@ -103,8 +103,11 @@ def _unexported_since(conn: psycopg.Connection, table: RegisteredTable, pinned_v
     ).fetchone()[0]
 
 
-def _fetch_arrow(conn: psycopg.Connection, query: sql.Composed, columns: Sequence[LakeColumn]) -> pa.Table:
-    schema = pa.schema([pa.field(c.name, arrow_type(c.lake_type)) for c in columns] + [pa.field(DELETED, pa.bool_())])
+def _fetch_arrow(conn: psycopg.Connection, query: sql.Composed, table: RegisteredTable,
+                 columns: Sequence[LakeColumn]) -> pa.Table:
+    """The rows of `query` (the columns, `lake_values.PROBLEM`, _ch_deleted), checked by `_refuse_unheld`."""
+    schema = pa.schema([pa.field(c.name, arrow_type(c.lake_type)) for c in columns]
+                       + [pa.field(lake_values.PROBLEM, pa.string()), pa.field(DELETED, pa.bool_())])
     batches = []
     with conn.cursor(name="coldharbor_hot_images") as cur:  # server-side: bounded client memory
         cur.itersize = HOT_FETCH_ROWS
@@ -112,7 +115,21 @@ def _fetch_arrow(conn: psycopg.Connection, query: sql.Composed, columns: Sequenc
         while rows := cur.fetchmany(HOT_FETCH_ROWS):
             batches.append(pa.record_batch([pa.array(col, type=f.type) for col, f in zip(zip(*rows), schema)],
                                            schema=schema))
-    return pa.Table.from_batches(batches, schema=schema)
+    return _refuse_unheld(pa.Table.from_batches(batches, schema=schema), table)
+
+
+REPORT_REFUSED = "the report was not run and nothing was written; change the value (the table's export waits for it too)"
+
+
+def _refuse_unheld(images: pa.Table, table: RegisteredTable) -> pa.Table:
+    """The images without `lake_values.PROBLEM`; UnrepresentableValueError, naming the first, when a
+    row holds a value a report cannot hold. A deleted key holding such a value is no dirty key:
+    the lake, which a dirty key hides rows of, never held it."""
+    problem = images[lake_values.PROBLEM]
+    found = pc.filter(problem, pc.and_(pc.is_valid(problem), pc.invert(images[DELETED])))
+    if len(found):
+        raise lake_values.refusal(table.qualified_name, found[0].as_py(), REPORT_REFUSED, through_jdbc=False)
+    return images.filter(pc.is_null(problem)).drop_columns([lake_values.PROBLEM])
 
 
 def _flushed_before(conn: psycopg.Connection, table: RegisteredTable) -> bool:
@@ -155,7 +172,7 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
                                        "were flushed there; the lake location is wrong or was removed")
         if hot_only or _load_not_in(load, version):
             # Invariant 12: until the initial load is in lake@V, PostgreSQL alone is the table.
-            images = _fetch_arrow(conn, whole_table_query(table, columns), columns)
+            images = _fetch_arrow(conn, whole_table_query(table, columns), table, columns)
             result[table.table_id] = HotTable(table, columns, images, None, hot_only=True,
                                               load_pending=not hot_only)
             if not hot_only:
@@ -163,8 +180,8 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
                          table.qualified_name, version, images.num_rows)
             continue
         since = -1 if version is None else version
-        images = _fetch_arrow(conn, dirty_images_query(table, columns, since,
-                                                       hot_reader.source_relation(conn, table)), columns)
+        images = _fetch_arrow(conn, dirty_images_query(table, columns, since, hot_reader.source_relation(conn, table)),
+                              table, columns)
         result[table.table_id] = HotTable(table, columns, images, _unexported_since(conn, table, since),
                                           known_from=load.loaded_at)
         log.info("%s: %s dirty keys against lake version %s", table.qualified_name, images.num_rows, version)

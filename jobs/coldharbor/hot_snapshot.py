@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
-from coldharbor import base_load, hot_reader, lake_values, registry
+from coldharbor import base_load, batches, hot_reader, lake, lake_values, registry
 from coldharbor.errors import LakeUnavailableError
 from coldharbor.lake_rows import DELETED
 from coldharbor.registry import LakeColumn, RegisteredTable
@@ -41,6 +41,7 @@ class HotTable:
     unexported_since: datetime | None  # earliest change not in the pinned lake version
     hot_only: bool = False             # images hold the whole table (the lake was not read)
     load_pending: bool = False         # hot_only because the table's initial load is not in lake@V yet
+    lake_ahead: str | None = None      # hot_only because the lake is ahead of PostgreSQL: why (`lake_ahead`)
     known_from: datetime | None = None  # the initial load's snapshot time: the lake knows nothing before
 
 
@@ -147,19 +148,38 @@ def _load_not_in(load: base_load.LoadState, version: int | None) -> bool:
     return load.loaded_version is not None and (version is None or version < load.loaded_version)
 
 
+def lake_ahead(conn: psycopg.Connection, table: RegisteredTable, lake_batch_id: int | None) -> str | None:
+    """The export's refusal (`lake.check_batch_id`) when the lake holds a batch id this snapshot of
+    PostgreSQL never used (it was restored from a backup), else None. `lake_batch_id` is the lake's
+    `committed_txn_version`, read before the snapshot. The lake is then not PostgreSQL's past, and
+    PostgreSQL alone is the table, unless it is tiered: its evicted rows live in the lake alone, and
+    the report is refused."""
+    try:
+        lake.check_batch_id(lake_batch_id, batches.next_batch_id(conn, table.table_id), table.qualified_name)
+    except lake.LakeAheadError as exc:
+        if table.hot_retention is not None:
+            raise lake.LakeAheadError(table.qualified_name, exc.batch_id, f"{exc.detail}; rows evicted from "
+                                      "PostgreSQL live in the lake alone, so no report can read the table") from None
+        return str(exc)
+    return None
+
+
 def read(conn: psycopg.Connection, pinned: Mapping[int, int | None], tables: Sequence[RegisteredTable],
-         hot_only: bool = False) -> HotSnapshot:
+         hot_only: bool = False, lake_batches: Mapping[int, int | None] | None = None) -> HotSnapshot:
     """Every table's dirty set against its pinned lake version (None: no lake table yet), in one
-    snapshot. With `hot_only` the lake is not read and each table comes whole from PostgreSQL."""
+    snapshot. With `hot_only` the lake is not read and each table comes whole from PostgreSQL. With
+    `lake_batches` (each table's `lake.committed_txn_version`, read after the pins) a table whose lake
+    is ahead of PostgreSQL comes whole from PostgreSQL too (`lake_ahead`)."""
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         for table in tables:
             registry.guard_read(conn, table)  # before the snapshot
-        return read_in_transaction(conn, pinned, tables, hot_only)
+        return read_in_transaction(conn, pinned, tables, hot_only, lake_batches)
 
 
 def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | None],
-                        tables: Sequence[RegisteredTable], hot_only: bool = False) -> HotSnapshot:
+                        tables: Sequence[RegisteredTable], hot_only: bool = False,
+                        lake_batches: Mapping[int, int | None] | None = None) -> HotSnapshot:
     """`read`, inside a REPEATABLE READ transaction the caller opened (and may have exported)."""
     taken_at = conn.execute("SELECT statement_timestamp()").fetchone()[0]  # takes the snapshot
     result: dict[int, HotTable] = {}
@@ -170,12 +190,15 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
         if not hot_only and version is None and _flushed_before(conn, table):
             raise LakeUnavailableError(f"the lake table of {table.qualified_name} is missing, but changes of it "
                                        "were flushed there; the lake location is wrong or was removed")
-        if hot_only or _load_not_in(load, version):
+        ahead = None if hot_only or lake_batches is None else lake_ahead(conn, table, lake_batches[table.table_id])
+        if hot_only or ahead or _load_not_in(load, version):
             # Invariant 12: until the initial load is in lake@V, PostgreSQL alone is the table.
             images = _fetch_arrow(conn, whole_table_query(table, columns), table, columns)
             result[table.table_id] = HotTable(table, columns, images, None, hot_only=True,
-                                              load_pending=not hot_only)
-            if not hot_only:
+                                              load_pending=not (hot_only or ahead), lake_ahead=ahead)
+            if ahead:
+                log.warning("%s; served from PostgreSQL alone (%s rows) until then", ahead, images.num_rows)
+            elif not hot_only:
                 log.info("%s: initial load not in lake version %s; served from PostgreSQL alone (%s rows)",
                          table.qualified_name, version, images.num_rows)
             continue

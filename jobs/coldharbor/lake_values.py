@@ -69,7 +69,8 @@ def checked_values(columns: Sequence[LakeColumn], value_of: ValueOf,
         if check is None:
             values.append(value_of(c))
             continue
-        values.append(sql.SQL("CASE WHEN {} THEN {} END").format(check, value_of(c)))
+        # CASE drops the type modifier; without it the JDBC reader takes a numeric(38,30) for decimal(38,18).
+        values.append(sql.SQL("(CASE WHEN {} THEN {} END)::{}").format(check, value_of(c), sql.SQL(c.pg_type)))
         whens.append(sql.SQL("WHEN NOT {} THEN jsonb_build_array({}, ({})::text, {})::text").format(
             check, sql.Literal(c.name), value_of(c), key_text(columns, value_of)))
     problem = sql.SQL("CASE {} END").format(sql.SQL(" ").join(whens)) if whens else sql.SQL("NULL::text")

@@ -19,10 +19,10 @@ from coldharbor.export import ExportConfig, run
 from tests.helpers import dirty_ids, export, lake_live, pg_rows, report_run, serve_report, spark_submit_export
 from tests.integration.test_one_line_failures import one_error_line
 
-PLAIN = "id integer PRIMARY KEY, d date, ts timestamp, tz timestamptz, n numeric(12,2), note text"
+PLAIN = "id integer PRIMARY KEY, d date, ts timestamp, tz timestamptz, n numeric(12,2), note text, tiny numeric(38,30)"
 PLAIN_ROWS = ("INSERT INTO {t} SELECT g, date '2001-01-01' + g, timestamp '2001-01-01' + g * interval '1 h', "
-              "timestamptz '2001-01-01 00:00+05' + g * interval '1 h', g / 8.0, 'it''s \"q\" ü ' || g "
-              "FROM generate_series(1, 40) g")
+              "timestamptz '2001-01-01 00:00+05' + g * interval '1 h', g / 8.0, 'it''s \"q\" ü ' || g, "
+              "g * 1e-25 + 0.5 FROM generate_series(1, 40) g")  # scale beyond 18: a lost typmod rounds it
 KEYED = "region text, day date, code numeric(10,2), v text, PRIMARY KEY (region, day, code)"
 KEYED_ROWS = ("INSERT INTO {t} SELECT 'r ' || (g % 3) || ' ü', date '2020-01-01' + g, g / 4.0, 'v' || g "
               "FROM generate_series(1, 30) g")

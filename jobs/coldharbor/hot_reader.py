@@ -183,7 +183,10 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
         share = snapshot_read(spark, jdbc, query, snapshot_id, f"SET work_mem = '{EXPORT_WORK_MEM}'; ")
         images = share if images is None else images.union(share)
     faults.from_environment("before_jdbc_read")  # the readers connect in the checkpoint's tasks
-    return refuse_unheld(images.localCheckpoint(eager=True), table)
+    images = images.localCheckpoint(eager=True)
+    if not lake_values.has_limits(columns, through_jdbc=True):
+        return images.drop(lake_values.PROBLEM)
+    return refuse_unheld(images, table)
 
 
 EXPORT_REFUSED = ("the table's changes were not exported (nothing was written or marked flushed; the other tables "

@@ -52,6 +52,11 @@ def held(column: LakeColumn, value: sql.Composable, through_jdbc: bool) -> sql.C
     return None
 
 
+def has_limits(columns: Sequence[LakeColumn], through_jdbc: bool) -> bool:
+    """Whether a column's type can hold a value the lake does not (else there is nothing to check)."""
+    return any(held(c, sql.SQL("v"), through_jdbc) is not None for c in columns)
+
+
 def key_text(columns: Sequence[LakeColumn], value_of: ValueOf) -> sql.Composable:
     """SQL text naming the row's key: 'a=1, b=x'."""
     return sql.SQL("concat_ws(', ', {})").format(sql.SQL(", ").join(
@@ -95,7 +100,7 @@ def refuse_in_table(conn: psycopg.Connection, table: RegisteredTable, columns: S
     def value_of(c: LakeColumn) -> sql.Composable:
         return sql.SQL("t.{}").format(sql.Identifier(c.name))
 
-    if all(held(c, value_of(c), through_jdbc=True) is None for c in columns):
+    if not has_limits(columns, through_jdbc=True):
         return
     _, problem = checked_values(columns, value_of, through_jdbc=True)
     found = conn.execute(sql.SQL("SELECT p FROM (SELECT {} AS p FROM {} t) r WHERE p IS NOT NULL LIMIT 1").format(

@@ -33,7 +33,7 @@ from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor import faults, lake, pg, registry, table_reader
+from coldharbor import faults, lake, lake_values, pg, registry, table_reader
 from coldharbor.errors import LakeUnavailableError, TableBusyError
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, latest_per_key, to_lake_rows
 from coldharbor.registry import LakeColumn, RegisteredTable
@@ -42,6 +42,7 @@ from coldharbor.unified import table_contract
 log = logging.getLogger(__name__)
 
 KINDS = ("load", "resync")
+LOAD_REFUSED = "nothing of the table was written. Change such values; the next run reads the table again"
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,7 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
         # The rebase requests this snapshot answers; one made after it keeps the table pending.
         rebase_serial = conn.execute("SELECT rebase_serial FROM coldharbor.tables WHERE table_id = %s",
                                      (table.table_id,)).fetchone()[0]
-        table_reader.refuse_unrepresentable(conn, table, columns)
+        lake_values.refuse_in_table(conn, table, columns, LOAD_REFUSED)
         hook(f"{kind}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
         rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=table.hot_retention is not None)

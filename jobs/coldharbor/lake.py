@@ -190,6 +190,7 @@ class LakeAheadError(ColdharborError):
             f"written or marked. Rebuild the table's lake state from PostgreSQL with "
             f"`jobs/resync.py --table {table}`")
         self.batch_id = batch_id
+        self.detail = detail
 
 
 def committed_txn_version(spark: SparkSession, path: str, app_id: str) -> int | None:
@@ -209,7 +210,14 @@ def committed_txn_version(spark: SparkSession, path: str, app_id: str) -> int | 
 
 def require_unused_batch_id(spark: SparkSession, path: str, app_id: str, batch_id: int, table: str) -> None:
     """LakeAheadError when Delta would treat `batch_id` as already written (a silent no-op)."""
-    recorded = committed_txn_version(spark, path, app_id)
+    check_batch_id(committed_txn_version(spark, path, app_id), batch_id, table)
+
+
+def check_batch_id(recorded: int | None, batch_id: int, table: str) -> None:
+    """LakeAheadError when `batch_id`, the next one PostgreSQL would use, is at or below `recorded`,
+    the last one Delta committed (`committed_txn_version`): PostgreSQL is behind the lake. The lake's
+    figure must be read before PostgreSQL's: an export records its intent before its commit, so
+    then a batch id the lake holds is always one PostgreSQL has used."""
     if recorded is not None and batch_id <= recorded:
         raise LakeAheadError(table, batch_id, f"its next batch id {batch_id} is at or below the lake's last "
                                               f"committed batch id {recorded}")

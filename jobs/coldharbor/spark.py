@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from coldharbor import settings
-from coldharbor.errors import ColdharborError, ConfigError, SparkUnavailableError
+from coldharbor.errors import ColdharborError, SparkUnavailableError
 
 # Settings a session may change for itself: every job sets them on its own session, so a Connect
 # server started by anyone gives each job the same behaviour.
@@ -53,11 +53,7 @@ SERVER_CONF = {
 # Knobs with their defaults; each can be overridden by spark-submit --conf or the environment.
 DEFAULT_CONF = {**SERVER_CONF, **SESSION_CONF}
 
-REMOTE_ENV = "COLDHARBOR_SPARK_REMOTE"
-REMOTE_WAIT_ENV = "COLDHARBOR_SPARK_REMOTE_WAIT_SECONDS"
-# How long a Connect client keeps retrying an unreachable server before the job fails (one line,
-# exit 2): a scheduled job fails fast and is retried by its scheduler rather than hanging.
-DEFAULT_REMOTE_WAIT_S = 15.0
+REMOTE_ENV = settings.SPARK_REMOTE_ENV
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
@@ -127,36 +123,13 @@ def temporary_conf(spark, values: dict[str, str]) -> Iterator[None]:
                 spark.conf.set(key, value)
 
 
-def remote_url() -> str | None:
-    """The Spark Connect server the jobs use (COLDHARBOR_SPARK_REMOTE), or None: a classic session."""
-    url = os.environ.get(REMOTE_ENV, "").strip()
-    if not url:
-        return None
-    if not url.startswith("sc://"):
-        raise ConfigError(f"{REMOTE_ENV} must be a Spark Connect URL such as sc://127.0.0.1:15002, not {url!r}")
-    return url
-
-
-def remote_wait_seconds() -> float:
-    raw = os.environ.get(REMOTE_WAIT_ENV)
-    if raw is None:
-        return DEFAULT_REMOTE_WAIT_S
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise ConfigError(f"{REMOTE_WAIT_ENV}={raw!r} is not a number of seconds") from None
-    if not 0 <= seconds <= 3600:
-        raise ConfigError(f"{REMOTE_WAIT_ENV} must be between 0 and 3600 seconds, not {raw!r}")
-    return seconds
-
-
 def get_session(app_name: str):
     """The job's session. With COLDHARBOR_SPARK_REMOTE, a new session of its own on that Spark
     Connect server (its temp views, settings and checkpoints are its own). Under spark-submit the
     submitted conf wins and only missing keys are filled in; run directly (tests, `python
     jobs/x.py`) it starts `COLDHARBOR_SPARK_MASTER`.
     """
-    url = remote_url()
+    url = settings.spark_remote()
     if url is not None:
         spark = connect_session(url, app_name)
         _opened.__dict__.setdefault("sessions", []).append(spark)
@@ -202,7 +175,7 @@ def connect_session(url: str, app_name: str):
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
-    wait_s = remote_wait_seconds()
+    wait_s = settings.spark_remote_wait_seconds()
     # The job's name travels as the client's user agent (the server's log and UI show it).
     named = url if "user_agent=" in url else f"{url.rstrip('/')}{';' if '/;' in url else '/;'}user_agent={app_name}"
     # PySpark's own builder (not the Connect module's) also switches pyspark.sql.functions and the
@@ -229,11 +202,10 @@ def _retry_budget(wait_s: float) -> dict[str, float | int]:
             "jitter": 0, "min_jitter_threshold": 2000}
 
 
-# What the Connect client says when the server is gone: its gRPC status, or a server that was
-# restarted since the session was opened (it knows the session no longer).
-_LOST_SERVER_MARKERS = ("StatusCode.UNAVAILABLE", "failed to connect to all addresses", "Connection refused",
-                        "INVALID_HANDLE.SESSION_NOT_FOUND", "INVALID_HANDLE.SESSION_CHANGED",
-                        "RETRIES_EXCEEDED", "Socket closed")
+# What the Connect client says when the server is gone: its gRPC status (retried until the budget
+# ran out), or a server restarted since the session was opened (it knows the session no longer).
+_LOST_SERVER_MARKERS = ("StatusCode.UNAVAILABLE", "RETRIES_EXCEEDED", "INVALID_HANDLE.SESSION_NOT_FOUND",
+                        "INVALID_HANDLE.SESSION_CHANGED")
 
 
 def lost_spark(exc: BaseException) -> ColdharborError | None:
@@ -242,18 +214,27 @@ def lost_spark(exc: BaseException) -> ColdharborError | None:
     url = os.environ.get(REMOTE_ENV)
     if not url:
         return None
+    chain = _causes(exc)
+    if any(isinstance(e, SparkUnavailableError) for e in chain):
+        return next(e for e in chain if isinstance(e, SparkUnavailableError))
+    if not any(marker in f"{e!r} {e}" for e in chain for marker in _LOST_SERVER_MARKERS):
+        return None
+    import grpc
+
+    details = [str(e.details()) for e in chain
+               if isinstance(e, grpc.RpcError) and callable(getattr(e, "details", None))]
+    why = details[0] if details else _first_line(exc)
+    return SparkUnavailableError(f"the Spark Connect server at {url} is unreachable or was restarted ({why[:300]}); "
+                                 "start it (`make run`) and run the job again")
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
     seen: BaseException | None = exc
-    for _ in range(10):
-        if seen is None:
-            break
-        text = f"{type(seen).__name__}: {seen}"
-        if isinstance(seen, SparkUnavailableError):
-            return seen
-        if any(marker in text for marker in _LOST_SERVER_MARKERS):
-            return SparkUnavailableError(f"the Spark Connect server at {url} is unreachable or was restarted "
-                                         f"({_first_line(seen)}); start it (`make run`) and run the job again")
+    while seen is not None and len(chain) < 10:
+        chain.append(seen)
         seen = seen.__cause__ or seen.__context__
-    return None
+    return chain
 
 
 def _first_line(exc: BaseException) -> str:
@@ -261,7 +242,6 @@ def _first_line(exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
-READERS_ENV = "COLDHARBOR_JDBC_READERS"
 _parallelism_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -269,11 +249,9 @@ def parallelism(spark) -> int:
     """How many tasks the session runs at once (Spark's default parallelism), which is how many JDBC
     readers share a read; COLDHARBOR_JDBC_READERS overrides it. Asked of Spark with a query, not of
     its SparkContext, which a Connect client does not have; once per session."""
-    raw = os.environ.get(READERS_ENV)
-    if raw:
-        if not (raw.strip().isascii() and raw.strip().isdigit() and 1 <= int(raw) <= 1024):
-            raise ConfigError(f"{READERS_ENV} must be a whole number from 1 to 1024, not {raw!r}")
-        return int(raw)
+    configured = settings.jdbc_readers()
+    if configured:
+        return configured
     if spark not in _parallelism_seen:
         from pyspark.sql import functions as F
 

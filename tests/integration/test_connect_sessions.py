@@ -141,7 +141,7 @@ def observe(spark, foreign_checkpoint) -> dict:
 
 
 def one_error_line(output: str) -> str:
-    assert "Traceback" not in output, output[-3000:]
+    assert "Traceback" not in output and "Warning" not in output, output[-3000:]
     errors = [line for line in output.splitlines() if " ERROR " in line]
     assert len(errors) == 1, output[-3000:]
     return errors[0]

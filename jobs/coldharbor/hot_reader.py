@@ -19,6 +19,7 @@ from coldharbor.errors import ReportError
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ
 from coldharbor.pg import JdbcTarget
 from coldharbor.registry import LakeColumn, RegisteredTable
+from coldharbor.spark import parallelism as spark_parallelism
 
 # PostgreSQL types the JDBC driver would not hand over as the lake type: cast to text in SQL.
 AS_TEXT = {"uuid", "json", "jsonb"}
@@ -175,7 +176,7 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
     read of disjoint key shares), then an eager local checkpoint: a JDBC DataFrame re-runs its
     query on every action, and the rows written to the lake must come from this single read.
     """
-    parts = max(1, spark.sparkContext.defaultParallelism)
+    parts = spark_parallelism(spark)
     relation = source_relation(conn, table, f"SELECT dk.{_key_column(0).as_string(conn)} FROM dirty dk")
     images = None
     for part in range(parts):

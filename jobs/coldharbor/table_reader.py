@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from coldharbor.hot_reader import as_output, snapshot_read
 from coldharbor.pg import JdbcTarget
 from coldharbor.registry import LakeColumn, RegisteredTable
+from coldharbor.spark import parallelism as spark_parallelism
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def read_table(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, 
     over the frame has run (an import needs the exporter alive). Columns keep their JDBC types;
     callers cast with their own contract.
     """
-    parts = parts or max(1, spark.sparkContext.defaultParallelism)
+    parts = parts or spark_parallelism(spark)
     frame = None
     for start, end in block_ranges(snapshot.blocks, parts):
         share = snapshot_read(spark, jdbc, share_query(table, columns, start, end).as_string(conn),

@@ -55,21 +55,27 @@ class EngineConfig:
     conf: dict[str, str] = field(default_factory=dict)  # more Spark settings (s3a endpoint, driver host)
 
 
-def connect_server_command(port: int, master: str, bind: str = LOOPBACK,
+# Settings of every server this module starts. The port given or none: a server that moved to the
+# next free port would leave its clients talking to whatever holds this one.
+PINNED_CONF = {"spark.connect.grpc.port.maxRetries": "0", "spark.app.name": "coldharbor-engine"}
+
+
+def server_command(config: EngineConfig) -> list[str]:
+    return connect_server_command(config.port, config.master, config.bind, {**config.conf, **PINNED_CONF})
+
+
+# The same function as coldharbor.spark.connect_server_command on the `connect` branch: once both are
+# merged, this copy goes and server_command imports that one.
+def connect_server_command(port: int, master: str = "local[2]", host: str = LOOPBACK,
                            extra_conf: dict[str, str] | None = None) -> list[str]:
-    """spark-submit's argv for the Connect server: the jobs' packages and settings (spark.DEFAULT_CONF,
-    the jar cache), listening on `bind`:`port`. No secret is among them."""
-    from coldharbor.spark import session_conf
+    """spark-submit's argv for a Connect server: the jobs' packages and settings (spark.DEFAULT_CONF,
+    the jar cache), listening on host:port only. No secret is among them."""
+    from coldharbor.spark import maven_packages, session_conf
 
     conf = {key: value for key, value in session_conf().items() if key != "spark.jars.packages"}
-    conf.update(extra_conf or {})
-    # The port given or none: a server that moved to the next free port would leave the clients
-    # talking to whatever holds this one.
-    conf.update({"spark.connect.grpc.binding.address": bind, "spark.connect.grpc.binding.port": str(port),
-                 "spark.connect.grpc.port.maxRetries": "0"})
-    packages = session_conf()["spark.jars.packages"]
-    argv = [spark_submit(), "--class", SERVER_CLASS, "--name", "coldharbor-engine", "--master", master,
-            "--packages", packages]
+    conf.update({"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port),
+                 **(extra_conf or {})})
+    argv = [spark_submit(), "--class", SERVER_CLASS, "--master", master, "--packages", ",".join(maven_packages())]
     for key, value in conf.items():
         argv += ["--conf", f"{key}={value}"]
     return [*argv, "spark-internal"]
@@ -138,7 +144,7 @@ def wait_until_ready(host: str, port: int, timeout_s: float) -> bool:
 
 def serve(config: EngineConfig) -> None:
     """Replaces this process with the server (its signals reach the JVM directly)."""
-    argv = connect_server_command(config.port, config.master, config.bind, config.conf)
+    argv = server_command(config)
     log.info("starting the Spark Connect server on %s:%s (master %s)", config.bind, config.port, config.master)
     sys.stdout.flush()
     try:
@@ -165,7 +171,7 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        argv = connect_server_command(self.config.port, self.config.master, self.config.bind, self.config.conf)
+        argv = server_command(self.config)
         delay = FIRST_DELAY_S
         while not self.stopping.is_set():
             started = time.monotonic()

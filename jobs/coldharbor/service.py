@@ -170,6 +170,7 @@ def end_group(name: str, pgid: int, grace_s: float = 30.0) -> None:
         return
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
+        _reap(pgid)
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
@@ -178,6 +179,15 @@ def end_group(name: str, pgid: int, grace_s: float = 30.0) -> None:
         time.sleep(0.5)
     os.killpg(pgid, signal.SIGKILL)
     log.warning("%s (process group %s) ignored SIGTERM for %ss: killed", name, pgid, grace_s)
+
+
+def _reap(pid: int) -> None:
+    """Collects the group leader's exit if it is this process's child (a zombie still counts as a
+    member of its group)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
 
 
 def workload(dsn: str, every_s: float = 3.0) -> None:

@@ -64,6 +64,8 @@ def airflow_env(dsn: str) -> dict[str, str]:
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(API_PORT),
+        # Where tasks report to; Airflow's default names port 8080 whatever the API listens on.
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{API_PORT}/execution/",
         "AIRFLOW_CONN_COLDHARBOR_PG": json.dumps({
             "conn_type": "postgres", "host": params.get("host"), "port": int(params.get("port", 5432)),
             "login": params.get("user"), "password": params.get("password"), "schema": params.get("dbname")}),

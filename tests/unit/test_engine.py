@@ -97,3 +97,11 @@ def test_airflow_of_the_embedded_stack_runs_the_jobs_through_the_connect_server(
     connection = json.loads(env["AIRFLOW_CONN_COLDHARBOR_SPARK_CONNECT"])
     assert connection == {"conn_type": "spark_connect", "host": "127.0.0.1", "port": 15444}
     assert env["AIRFLOW_VAR_COLDHARBOR_SPARK_CONN_ID"] == "coldharbor_spark_connect"
+
+
+def test_the_embedded_airflows_tasks_report_to_the_api_server_on_its_own_port():
+    """COLDHARBOR_AIRFLOW_PORT moves the API server; the tasks' execution API must move with it
+    (Airflow's default names port 8080, and every task failed to start on another port)."""
+    env = service.airflow_env("postgresql://coldharbor_pipeline:pipeline-secret@127.0.0.1:54329/postgres")
+    assert env["AIRFLOW__API__PORT"] == str(service.API_PORT)
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == f"http://127.0.0.1:{service.API_PORT}/execution/"

@@ -33,13 +33,27 @@ def compose_client() -> list[str] | None:
     return None
 
 
-def test_the_compose_client_accepts_the_file():
+def required_compose_client() -> list[str]:
     client = compose_client()
     if client is None:
         why = "no docker compose client: `make compose-client` installs Debian's docker-compose"
         if os.environ.get("CI"):  # CI installs it (`make test`): a skip there would prove nothing
             pytest.fail(why)
         pytest.skip(why)
+    return client
+
+
+def resolved_stack() -> dict:
+    """The compose client's resolved configuration (anchors merged, variables substituted)."""
+    client = required_compose_client()
+    done = subprocess.run([*client, "-f", str(COMPOSE), "config"], capture_output=True, text=True, cwd=PROJECT,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)
+
+
+def test_the_compose_client_accepts_the_file():
+    client = required_compose_client()
     done = subprocess.run([*client, "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True,
                           cwd=PROJECT, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -57,16 +71,7 @@ def test_the_hot_tier_tracks_commit_timestamps(stack):
     them. Checked in the file and in the compose client's resolved configuration."""
     postgres = stack["services"]["postgres"]
     assert postgres["command"][0] == "postgres" and commit_timestamps_on(postgres["command"])
-    client = compose_client()
-    if client is None:
-        why = "no docker compose client: `make compose-client` installs Debian's docker-compose"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    done = subprocess.run([*client, "-f", str(COMPOSE), "config"], capture_output=True, text=True, cwd=PROJECT,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert commit_timestamps_on(yaml.safe_load(done.stdout)["services"]["postgres"]["command"])
+    assert commit_timestamps_on(resolved_stack()["services"]["postgres"]["command"])
 
 
 def test_the_stack_has_every_service_the_design_names(stack):
@@ -135,20 +140,6 @@ def test_the_image_runs_the_pinned_airflow_and_python():
     assert base.startswith(f"apache/airflow:{airflow}-python3.")
     for folder in ("dags", "jobs", "plugins", "sql"):
         assert f"COPY --chown=airflow:root {folder} /opt/coldharbor/{folder}" in (PROJECT / "Dockerfile").read_text()
-
-
-def resolved_stack() -> dict:
-    """The compose client's resolved configuration (anchors merged, variables substituted)."""
-    client = compose_client()
-    if client is None:
-        why = "no docker compose client: `make compose-client` installs Debian's docker-compose"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    done = subprocess.run([*client, "-f", str(COMPOSE), "config"], capture_output=True, text=True, cwd=PROJECT,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    return yaml.safe_load(done.stdout)
 
 
 def engine_args(service: dict) -> tuple[dict[str, str], dict[str, str]]:

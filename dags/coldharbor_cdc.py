@@ -1,8 +1,12 @@
-"""coldharbor_cdc: every minute, export each registered table that has dirty changes to Delta.
+"""coldharbor_cdc: every minute (or continuously), export each registered table that has dirty
+changes to Delta.
 
-One mapped spark-submit per table with something to export; a clean minute maps nothing (one
-index probe per table, no Spark start). One run at a time: the export of a table is also
-guarded by its advisory lock, so an overlapping manual run skips instead of doubling.
+On a Spark Connect connection one task exports every dirty table through one session of the warm
+server; under spark-submit one mapped task per table with something to export. A clean cycle maps
+nothing (one index probe per table, no Spark at all). One run at a time: the export of a table is
+also guarded by its advisory lock, so an overlapping manual run skips instead of doubling. The
+cadence is COLDHARBOR_EXPORT_CADENCE: `minute` (default) or `continuous` (each run starts when the
+last one ends).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from datetime import timedelta
 
 from airflow.sdk import Asset, dag, task
 from coldharbor_airflow.operators import ColdharborSparkJobOperator
-from coldharbor_common import SPARK_POOL, START, default_args
+from coldharbor_common import SPARK_POOL, START, default_args, export_schedule
 
 # Updated by every export: compaction listens to it.
 LAKE_EXPORTS = Asset("coldharbor://lake/exports")
@@ -19,7 +23,7 @@ LAKE_EXPORTS = Asset("coldharbor://lake/exports")
 
 @dag(
     dag_id="coldharbor_cdc",
-    schedule="* * * * *",
+    schedule=export_schedule(),
     start_date=START,
     catchup=False,
     max_active_runs=1,
@@ -32,14 +36,15 @@ def coldharbor_cdc():
     @task(execution_timeout=timedelta(minutes=1))
     def tables_to_export() -> list[list[str]]:
         from coldharbor_airflow.hooks import ColdharborHook
+        from coldharbor_airflow.operators import export_job_args
 
-        return [["--table", name] for name in ColdharborHook().tables_needing_export()]
+        return export_job_args(ColdharborHook().tables_needing_export())
 
     ColdharborSparkJobOperator.partial(
         task_id="export", job="cdc_export.py", pool=SPARK_POOL, outlets=[LAKE_EXPORTS],
         # Freshness first: an export takes the Spark pool's next slot ahead of reports and maintenance.
         priority_weight=100, weight_rule="absolute",
-        map_index_template="{{ task.job_args[1] }}",
+        map_index_template="{{ task.job_args[1] if task.job_args else 'every dirty table' }}",
     ).expand(job_args=tables_to_export())
 
 

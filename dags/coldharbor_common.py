@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta, timezone
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -18,3 +19,17 @@ def default_args(timeout: timedelta, retries: int = 2) -> dict:
         "max_retry_delay": timedelta(minutes=5),
         "execution_timeout": timeout,
     }
+
+
+EXPORT_CADENCE_ENV = "COLDHARBOR_EXPORT_CADENCE"
+# minute: a run every minute. continuous: the next run starts as soon as the last one ends (the
+# lake at most one cycle behind; with a Spark Connect connection a cycle costs no JVM start).
+EXPORT_SCHEDULES = {"minute": "* * * * *", "continuous": "@continuous"}
+
+
+def export_schedule() -> str:
+    """The export DAG's schedule from COLDHARBOR_EXPORT_CADENCE (read where the DAG is parsed)."""
+    cadence = os.environ.get(EXPORT_CADENCE_ENV, "minute")
+    if cadence not in EXPORT_SCHEDULES:
+        raise ValueError(f"{EXPORT_CADENCE_ENV}={cadence!r} is not a cadence: one of {', '.join(EXPORT_SCHEDULES)}")
+    return EXPORT_SCHEDULES[cadence]

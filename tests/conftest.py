@@ -55,6 +55,15 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def connect_url(tmp_path_factory) -> Iterator[str]:
+    """A Spark Connect server on 127.0.0.1 (as `make run` starts it) for the whole run: its sc:// URL."""
+    from tests.helpers import connect_server
+
+    with connect_server(tmp_path_factory.mktemp("spark-connect") / "server.log") as url:
+        yield url
+
+
 @pytest.fixture()
 def table_name() -> str:
     """A table name of its own for each test, in the public schema."""

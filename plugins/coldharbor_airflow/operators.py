@@ -1,4 +1,5 @@
-"""One operator turns a Coldharbor job and its arguments into a spark-submit call."""
+"""One operator runs a Coldharbor job with its arguments: as a Spark Connect client in the worker,
+or as a spark-submit call, as the configured Spark connection's type says (connect_run)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,21 @@ from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import BaseHook, Connection, Variable
-from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
+from airflow.sdk import Connection, Variable
+from airflow.sdk.exceptions import AirflowException
 
+from coldharbor_airflow.connect_run import (
+    DEFAULT_SPARK_CONN_ID,
+    check_connect_reachable,
+    connect_url,
+    engine_connection,
+    interrupt_connect_session,
+    job_main,
+    resolve_spark_conn_id,
+    run_as_connect_client,
+    runs_on_connect,
+    spark_connection,
+)
 from coldharbor_airflow.dsn_delivery import SECRET_EXTRA, DsnDelivery, deliver_dsn, secret_leaks
 from coldharbor_airflow.hooks import DEFAULT_CONN_ID, ColdharborHook
 from coldharbor_airflow.paths import JOBS_DIR, import_jobs_package
@@ -29,24 +42,28 @@ _PREPARED_FIELDS = ("application_args", "packages", "conf", "env_vars", "files",
 
 
 class ColdharborSparkJobOperator(SparkSubmitOperator):
-    """spark-submit jobs/<job> with its arguments.
+    """Runs jobs/<job> with its arguments on the configured Spark connection (`spark_conn_id`, else
+    the Variable coldharbor_spark_conn_id, else `spark_default`).
 
-    Spark's master, deploy mode and conf come from the `spark_default` connection (the provider's
-    hook reads it); the Delta and JDBC jars from the pinned Maven coordinates; the `coldharbor`
-    package travels as --py-files. PostgreSQL credentials come from the `coldharbor_pg`
-    connection and reach the driver through a file of this run or a Kubernetes secret
-    (dsn_delivery), never its command line, a Spark setting or a log line.
+    A `spark_connect` connection: the job's main(argv) runs in this worker's process, its session a
+    client of that Spark Connect server. Any other: spark-submit, with master, deploy mode and conf
+    from the connection (the provider's hook reads it); the Delta and JDBC jars from the pinned
+    Maven coordinates; the `coldharbor` package as --py-files. Either way PostgreSQL credentials
+    come from the `coldharbor_pg` connection and reach the job through a file of this run or a
+    Kubernetes secret (dsn_delivery), never its command line, a Spark setting or a log line.
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "job_args", "lake_root")
 
     def __init__(self, *, job: str, job_args: list[str] | str | None = None, lake_root: str | None = None,
-                 coldharbor_conn_id: str = DEFAULT_CONN_ID, spark_conn_id: str = "spark_default",
+                 coldharbor_conn_id: str = DEFAULT_CONN_ID, spark_conn_id: str | None = None,
                  **kwargs: Any) -> None:
         if job not in JOBS:
             raise ValueError(f"unknown Coldharbor job {job!r}; one of: {', '.join(JOBS)}")
         kwargs.setdefault("name", f"coldharbor-{job.removesuffix('.py')}")
-        super().__init__(application=str(JOBS_DIR / job), conn_id=spark_conn_id, **kwargs)
+        super().__init__(application=str(JOBS_DIR / job), conn_id=spark_conn_id or DEFAULT_SPARK_CONN_ID, **kwargs)
+        self.spark_conn_id = spark_conn_id  # None: resolved when the task runs (connect_run)
+        self.on_connect = False
         self.job = job
         # A list, or a template that renders to one (render_template_as_native_obj DAGs).
         self.job_args = job_args if isinstance(job_args, str) else list(job_args or [])
@@ -56,6 +73,14 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> Any:
         if self.job == "serve_report.py":
             self.refuse_before_submit()
+        self._conn_id = resolve_spark_conn_id(self.spark_conn_id)
+        spark_conn = spark_connection(self._conn_id)
+        self.on_connect = runs_on_connect(spark_conn)
+        if self.on_connect:
+            code = self.run_as_connect_client(spark_conn)
+            if code != 0:
+                raise self.job_failed(code)
+            return None
         with self.prepared_submit():
             try:
                 return super().execute(context)
@@ -65,10 +90,30 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
                 code = _exit_code(str(exc))
                 if code is None:
                     raise
-                meaning = {**JOB_EXIT_CODES, **JOB_SPECIFIC_EXIT_CODES.get(self.job, {})}.get(
-                    code, "Spark or the job failed")
-                raise AirflowException(f"{self.job} exited with code {code}: {meaning}; the job's own message "
-                                       "is in the log lines above") from exc
+                raise self.job_failed(code) from exc
+
+    def job_failed(self, code: int) -> AirflowException:
+        meaning = {**JOB_EXIT_CODES, **JOB_SPECIFIC_EXIT_CODES.get(self.job, {})}.get(code, "Spark or the job failed")
+        return AirflowException(f"{self.job} exited with code {code}: {meaning}; the job's own message "
+                                "is in the log lines above")
+
+    def run_as_connect_client(self, spark_conn: Connection) -> int:
+        """The job's main(argv) in this process, a client of the connection's Spark Connect server;
+        checks first (nothing has run when a piece is missing), returns the job's exit code."""
+        dsn = ColdharborHook(self.coldharbor_conn_id).dsn()
+        lake_root = resolve_lake_root(self.lake_root)
+        url = connect_url(spark_conn)
+        check_connect_reachable(url)
+        main = job_main(self.job)
+        self.log.info("running %s in this worker as a client of the Spark Connect server %s (connection %r)",
+                      self.job, url.split(";")[0], spark_conn.conn_id)
+        return run_as_connect_client(main, [*self.job_args, "--lake-root", lake_root], url, dsn)
+
+    def on_kill(self) -> None:
+        if self.on_connect:
+            interrupt_connect_session()
+        else:
+            super().on_kill()
 
     def refuse_before_submit(self) -> None:
         """A report the sandbox refuses fails here, in the worker, before spark-submit starts a JVM
@@ -157,15 +202,15 @@ def _exit_code(message: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def spark_connection(conn_id: str) -> Connection:
-    """The Spark connection, or a clear error: without it the provider would silently submit to YARN."""
-    try:
-        return BaseHook.get_connection(conn_id)
-    except AirflowNotFoundException:
-        raise AirflowException(
-            f"the Spark connection {conn_id!r} is not defined: create it (Admin > Connections, or "
-            f"AIRFLOW_CONN_{conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[2]\", "
-            "\"extra\": {\"deploy-mode\": \"client\"}}'); nothing was submitted") from None
+def export_job_args(tables: list[str], spark_conn_id: str | None = None) -> list[list[str]]:
+    """The export's mapped arguments for the tables with something to export: on a Spark Connect
+    connection one task whose one session exports every dirty table (the job without --table,
+    each table's result logged and recorded); under spark-submit one task per table."""
+    if not tables:
+        return []
+    if runs_on_connect(engine_connection(spark_conn_id)):
+        return [[]]
+    return [["--table", name] for name in tables]
 
 
 def spark_master(conn: Connection) -> str:

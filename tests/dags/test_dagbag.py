@@ -90,3 +90,31 @@ def test_the_resync_dag_takes_the_table_as_a_checked_param_and_cleanup_verifies_
             table.resolve(hostile)
     cleanup = bag.dags["coldharbor_cleanup"]
     assert cleanup.get_task("verify").upstream_task_ids >= {"cleanup", "tables_to_verify"}
+
+
+@pytest.mark.parametrize("cadence, schedule, timetable", [
+    (None, "* * * * *", "CronTriggerTimetable"),
+    ("minute", "* * * * *", "CronTriggerTimetable"),
+    ("continuous", "@continuous", "ContinuousTimetable"),
+])
+def test_the_export_cadence_is_every_minute_or_continuous_and_always_one_run_at_a_time(airflow_home, monkeypatch,
+                                                                                       cadence, schedule, timetable):
+    if cadence is None:
+        monkeypatch.delenv("COLDHARBOR_EXPORT_CADENCE", raising=False)
+    else:
+        monkeypatch.setenv("COLDHARBOR_EXPORT_CADENCE", cadence)
+    bag = load(airflow_home)
+    assert bag.import_errors == {}
+    dag = bag.dags["coldharbor_cdc"]
+    assert (dag.schedule, type(dag.timetable).__name__) == (schedule, timetable)
+    assert dag.max_active_runs == 1 and dag.catchup is False
+    assert dag.get_task("export").pool == "coldharbor_spark"
+
+
+def test_an_unknown_export_cadence_is_the_export_dags_import_error_naming_the_setting(airflow_home, monkeypatch):
+    monkeypatch.setenv("COLDHARBOR_EXPORT_CADENCE", "hourly; rm -rf /")
+    bag = load(airflow_home)
+    [(path, error)] = bag.import_errors.items()
+    assert path.endswith("coldharbor_cdc.py")
+    assert "COLDHARBOR_EXPORT_CADENCE='hourly; rm -rf /' is not a cadence: one of minute, continuous" in error
+    assert "coldharbor_cdc" not in bag.dags and "coldharbor_compaction" in bag.dags

@@ -33,13 +33,27 @@ def compose_client() -> list[str] | None:
     return None
 
 
-def test_the_compose_client_accepts_the_file():
+def required_compose_client() -> list[str]:
     client = compose_client()
     if client is None:
         why = "no docker compose client: `make compose-client` installs Debian's docker-compose"
         if os.environ.get("CI"):  # CI installs it (`make test`): a skip there would prove nothing
             pytest.fail(why)
         pytest.skip(why)
+    return client
+
+
+def resolved_stack() -> dict:
+    """The compose client's resolved configuration (anchors merged, variables substituted)."""
+    client = required_compose_client()
+    done = subprocess.run([*client, "-f", str(COMPOSE), "config"], capture_output=True, text=True, cwd=PROJECT,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)
+
+
+def test_the_compose_client_accepts_the_file():
+    client = required_compose_client()
     done = subprocess.run([*client, "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True,
                           cwd=PROJECT, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -57,21 +71,13 @@ def test_the_hot_tier_tracks_commit_timestamps(stack):
     them. Checked in the file and in the compose client's resolved configuration."""
     postgres = stack["services"]["postgres"]
     assert postgres["command"][0] == "postgres" and commit_timestamps_on(postgres["command"])
-    client = compose_client()
-    if client is None:
-        why = "no docker compose client: `make compose-client` installs Debian's docker-compose"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    done = subprocess.run([*client, "-f", str(COMPOSE), "config"], capture_output=True, text=True, cwd=PROJECT,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert commit_timestamps_on(yaml.safe_load(done.stdout)["services"]["postgres"]["command"])
+    assert commit_timestamps_on(resolved_stack()["services"]["postgres"]["command"])
 
 
 def test_the_stack_has_every_service_the_design_names(stack):
     services = stack["services"]
-    for name in ("postgres", "minio", "minio-init", "spark-master", "spark-worker", "workload", *AIRFLOW_SERVICES):
+    for name in ("postgres", "minio", "minio-init", "spark-master", "spark-worker", "spark-connect", "workload",
+                 *AIRFLOW_SERVICES):
         assert name in services, name
     # The bucket exists before anything writes the lake; the Airflow services start after init.
     assert services["airflow-init"]["depends_on"]["minio-init"] == {"condition": "service_completed_successfully"}
@@ -79,7 +85,7 @@ def test_the_stack_has_every_service_the_design_names(stack):
     for name in AIRFLOW_SERVICES[1:]:
         assert services[name]["depends_on"]["airflow-init"] == {"condition": "service_completed_successfully"}
     # One image everywhere: drivers (in the scheduler) and executors (on the worker) share Python and Spark.
-    for name in ("spark-master", "spark-worker", "workload", *AIRFLOW_SERVICES):
+    for name in ("spark-master", "spark-worker", "spark-connect", "workload", *AIRFLOW_SERVICES):
         assert services[name]["image"] == "coldharbor:local", name
 
 
@@ -134,3 +140,47 @@ def test_the_image_runs_the_pinned_airflow_and_python():
     assert base.startswith(f"apache/airflow:{airflow}-python3.")
     for folder in ("dags", "jobs", "plugins", "sql"):
         assert f"COPY --chown=airflow:root {folder} /opt/coldharbor/{folder}" in (PROJECT / "Dockerfile").read_text()
+
+
+def engine_args(service: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """(options, Spark settings) of the spark-connect service's `coldharbor.engine serve` command."""
+    command = [str(arg) for arg in service["command"]]
+    assert command[0] == "serve"
+    conf = dict(command[i + 1].split("=", 1) for i, arg in enumerate(command) if arg == "--conf")
+    options = {arg: command[i + 1] for i, arg in enumerate(command)
+               if arg.startswith("--") and arg not in ("--conf", "--private-network")}
+    return options, conf
+
+
+def test_the_warm_engine_runs_on_the_cluster_and_listens_on_the_compose_network_only():
+    """spark-connect's driver uses the standalone master (executors on the workers, as many as they
+    hold), listens on its own name with no published port, holds no PostgreSQL credential, and the
+    Airflow services run every job through it."""
+    services = resolved_stack()["services"]
+    engine = services["spark-connect"]
+    assert engine["entrypoint"] == ["python", "-m", "coldharbor.engine"]
+    options, conf = engine_args(engine)
+    assert options["--master"] == "spark://spark-master:7077"
+    assert options["--bind"] == engine["hostname"] == "spark-connect"
+    assert "--private-network" in engine["command"]
+    assert "ports" not in engine, "Spark Connect has no authentication: its port is never published"
+    assert "spark.cores.max" not in conf and conf["spark.dynamicAllocation.enabled"] == "true"
+    assert conf["spark.driver.host"] == "spark-connect"
+    assert engine["restart"] == "unless-stopped"
+    assert engine["depends_on"]["spark-master"] == {"condition": "service_healthy"}
+    assert engine["depends_on"]["airflow-init"] == {"condition": "service_completed_successfully"}
+    env = engine["environment"]
+    assert not any("PG" in key or "AIRFLOW" in key for key in env), sorted(env)
+    scheduler = services["airflow-scheduler"]["environment"]
+    assert env["COLDHARBOR_EXTRA_PACKAGES"] == scheduler["COLDHARBOR_EXTRA_PACKAGES"]
+    assert env["COLDHARBOR_IVY_DIR"] == scheduler["COLDHARBOR_IVY_DIR"]
+    assert env["AWS_ACCESS_KEY_ID"] == scheduler["AWS_ACCESS_KEY_ID"]
+    s3a = {k: v for k, v in json.loads(scheduler["AIRFLOW_CONN_SPARK_DEFAULT"])["extra"]["conf"].items()
+           if k.startswith("spark.hadoop.fs.s3a.")}
+    assert s3a and {k: conf.get(k) for k in s3a} == s3a, "the engine reaches the lake as spark-submit jobs do"
+
+    connection = json.loads(scheduler["AIRFLOW_CONN_COLDHARBOR_SPARK_CONNECT"])
+    assert (connection["conn_type"], connection["host"], str(connection["port"])) == (
+        "spark_connect", "spark-connect", options["--port"])
+    for name in AIRFLOW_SERVICES:
+        assert services[name]["environment"]["AIRFLOW_VAR_COLDHARBOR_SPARK_CONN_ID"] == "coldharbor_spark_connect"

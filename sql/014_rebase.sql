@@ -40,6 +40,17 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
      WHERE a.attrelid = p_rel AND a.attnum > 0 AND NOT a.attisdropped
 $$;
 
+-- What `columns_seen` becomes after DDL: the columns now, and every column seen before that is gone,
+-- marked dropped (the lake keeps a dropped column's values in its older rows, under its name).
+CREATE FUNCTION coldharbor.columns_seen_after(p_seen jsonb, p_rel oid)
+RETURNS jsonb
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    WITH now_sig AS (SELECT coldharbor.column_values_signature(p_rel) AS sig)
+    SELECT coalesce((SELECT jsonb_object_agg(o.key, o.value || '{"dropped": true}')
+                       FROM jsonb_each(coalesce(p_seen, '{}')) o WHERE NOT (now_sig.sig ? o.key)), '{}') || now_sig.sig
+      FROM now_sig
+$$;
+
 -- Whether column p_name of p_rel (or of any leaf of its partition tree) holds a value for rows
 -- that existed before it was added (a fast default: atthasmissing).
 CREATE FUNCTION coldharbor.column_has_missing_value(p_rel oid, p_name name)
@@ -79,7 +90,11 @@ BEGIN
     FOR k, col IN SELECT * FROM jsonb_each(now_sig) LOOP
         was := t.columns_seen -> k;
         IF was IS NULL THEN
-            IF col ->> 'generated' IS NOT NULL THEN
+            IF EXISTS (SELECT 1 FROM jsonb_each(t.columns_seen) o
+                        WHERE o.key <> k AND o.value ->> 'name' = col ->> 'name') THEN
+                RETURN format('column %s was added under the name of a dropped column, whose values the lake '
+                              'still holds', quote_ident(col ->> 'name'));
+            ELSIF col ->> 'generated' IS NOT NULL THEN
                 RETURN format('column %s was added as a generated column', quote_ident(col ->> 'name'));
             ELSIF coldharbor.column_has_missing_value(t.relid, (col ->> 'name')::name) THEN
                 RETURN format('column %s was added with a default, which every existing row holds',
@@ -113,8 +128,10 @@ BEGIN
         NEW.rebase_reason := 'registered again after the table was dropped and created anew: '
                              'the lake holds the old table''s rows';
     END IF;
+    NEW.columns_seen := CASE WHEN TG_OP = 'UPDATE' AND OLD.relid IS NOT DISTINCT FROM v_rel
+                             THEN coldharbor.columns_seen_after(OLD.columns_seen, v_rel)
+                             ELSE coldharbor.column_values_signature(v_rel) END;
     NEW.relid := v_rel;
-    NEW.columns_seen := coldharbor.column_values_signature(v_rel);
     RETURN NEW;
 END;
 $$;
@@ -164,7 +181,7 @@ BEGIN
         IF v_reason IS NOT NULL THEN
             PERFORM coldharbor.request_rebase(v_table, v_reason);
         END IF;
-        UPDATE coldharbor.tables SET columns_seen = coldharbor.column_values_signature(relid)
+        UPDATE coldharbor.tables SET columns_seen = coldharbor.columns_seen_after(columns_seen, relid)
          WHERE table_id = v_table;
     END LOOP;
 END;

@@ -240,9 +240,13 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         registry.guard_read(conn, table)  # before the snapshot; its ACCESS SHARE lock is held while the readers read
         snapshot = table_reader.export_snapshot(conn, table)
-        # The rebase requests this snapshot answers; one made after it keeps the table pending.
+        # The rebase requests this snapshot answers; one made after it keeps the table pending. So does
+        # DDL that committed between the caller's reading of the columns and this snapshot: the base
+        # is written with the columns it was given, and must not settle the table (None never matches).
         rebase_serial = conn.execute("SELECT rebase_serial FROM coldharbor.tables WHERE table_id = %s",
                                      (table.table_id,)).fetchone()[0]
+        if registry.lake_columns(conn, table) != list(columns):
+            rebase_serial = None
         lake_values.refuse_in_table(conn, table, columns, LOAD_REFUSED)
         hook(f"{kind}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)

@@ -64,13 +64,15 @@ ROW_CHANGING = [
      "ALTER TABLE {t} ALTER COLUMN twice SET EXPRESSION AS (id * 3)",
      "the generation expression of column twice changed"),
     ("", "ALTER TABLE {t} RENAME COLUMN customer TO buyer", "column customer was renamed to buyer"),
+    ("", "ALTER TABLE {t} DROP COLUMN status; ALTER TABLE {t} ADD COLUMN status text",
+     "column status was added under the name of a dropped column"),
 ]
 
 
 @pytest.mark.parametrize("before, ddl, reason", ROW_CHANGING,
                          ids=["default", "not null default", "volatile default", "type using",
                               "virtual generated", "stored generated", "virtual expression", "stored expression",
-                              "column rename"])
+                              "column rename", "dropped and added again"])
 def test_ddl_that_changes_rows_sends_the_table_back_and_the_next_export_rebuilds_it(
         spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, before, ddl, reason):
     t = table_name
@@ -147,16 +149,20 @@ def test_registering_the_same_table_again_changes_nothing(spark, pg_dsn, pg_conn
     assert not state_of(pg_conn, table_name).pending
 
 
+@pytest.mark.parametrize("point", ["resync_after_intent", "resync_after_commit"],
+                         ids=["before the snapshot, after the columns were read", "after the commit"])
 def test_a_rebase_requested_while_the_base_is_written_keeps_the_table_pending(spark, pg_dsn, admin_dsn, pg_conn,
-                                                                             table_name, lake_root, monkeypatch):
+                                                                             table_name, lake_root, monkeypatch,
+                                                                             point):
     t = table_name
     filled_table(pg_conn, t)
     exported_and_in_the_lake(spark, pg_conn, pg_dsn, lake_root, t)
     pg_conn.execute(f"ALTER TABLE {t} ADD COLUMN region text DEFAULT 'eu'")
 
-    def alter_after_the_commit(point: str) -> None:
-        # The base's rows are in the lake but not yet recorded: a second ALTER commits in between.
-        if point == "resync_after_commit":
+    def alter_after_the_commit(reached: str) -> None:
+        # A second ALTER commits while the base is written: after it read the table's columns but
+        # before its snapshot, or after its Delta commit but before it is recorded.
+        if reached == point:
             with psycopg.connect(admin_dsn, autocommit=True) as other:
                 other.execute(f"ALTER TABLE {t} ADD COLUMN channel text DEFAULT 'web'")
 

@@ -189,25 +189,25 @@ def filesystem(path: str):
     parts = urlsplit(path)
     scheme = parts.scheme.lower()
     if scheme in S3_SCHEMES:
-        return _s3(), f"{parts.netloc}{parts.path}"
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return _s3(endpoint, os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")), \
+            f"{parts.netloc}{parts.path}"
     if scheme in ("", "file"):
         return pafs.LocalFileSystem(), parts.path if scheme else path
     return pafs.FileSystem.from_uri(path)
 
 
 @functools.cache
-def _s3():
+def _s3(endpoint: str | None, region: str | None):
     """S3 as s3a and deltalake see it: credentials from the AWS default chain (AWS_ACCESS_KEY_ID,
     ...), the region from AWS_REGION, an endpoint (MinIO) from AWS_ENDPOINT_URL, path-style."""
     import pyarrow.fs as pafs
 
     options = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         parts = urlsplit(endpoint)
         options["endpoint_override"] = parts.netloc or endpoint
         options["scheme"] = parts.scheme or "https"
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if region:
         options["region"] = region
     return pafs.S3FileSystem(**options)

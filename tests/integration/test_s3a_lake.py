@@ -130,3 +130,36 @@ def test_export_to_s3a_round_trips_and_waits_for_the_lake_commit_lock(minio, pg_
     assert job.wait(300) == 0, log_file.read_text()[-4000:]
     assert dirty_ids(pg_conn, table_name) == []
     assert lake_live_rows(path, minio, monkeypatch) == pg_rows(pg_conn, f"SELECT id, v FROM {table_name}", ["id"])
+
+
+def test_the_jobs_own_lake_files_round_trip_on_s3(minio, monkeypatch, table_name):
+    """What the jobs read and write from Python (lake_store: the registry copy, the write probe, a
+    killed export's leftover, the listing purge verifies) works on s3a with the AWS_* settings."""
+    from datetime import datetime, timedelta, timezone
+
+    from coldharbor import lake_store
+
+    for key, value in s3_env(minio).items():
+        monkeypatch.setenv(key, value)
+    root = f"s3a://{BUCKET}/files-{table_name}"
+    registry_copy = f"{root}/_coldharbor/registry.json"
+    assert lake_store.read_text(registry_copy) is None
+    for text in ('{"a": "x\'y 日本"}', '{"b": 2}'):
+        lake_store.write_text(registry_copy, text)
+        assert lake_store.read_text(registry_copy) == text
+    table = f"{root}/public/{table_name}"
+    lake_store.probe_writable(table, "_coldharbor_write_probe")
+    assert not lake_store.is_delta_table(table) and lake_store.data_files(table) == []
+
+    fs, where = lake_store.filesystem(table)
+    for name, body in (("_coldharbor_write_probe", b""), ("region=eu%27x/part-0.parquet", b"PAR1"),
+                       ("region=eu%27x/part-1.parquet", b""), ("_delta_log/00000000000000000000.json", b"{}")):
+        with fs.open_output_stream(f"{where}/{name}") as out:
+            out.write(body)
+    assert lake_store.data_files(table) == [f"{table}/region=eu%27x/part-0.parquet"]
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    assert lake_store.remove_if_older(table, "_coldharbor_write_probe", later - timedelta(days=1), False) is None
+    assert lake_store.remove_if_older(table, "_coldharbor_write_probe", later, True) is not None
+    assert lake_store.remove_if_older(table, "_coldharbor_write_probe", later, False) == \
+        f"{table}/_coldharbor_write_probe"
+    assert lake_store.remove_if_older(table, "_coldharbor_write_probe", later, False) is None

@@ -73,3 +73,26 @@ def table_name() -> str:
 @pytest.fixture()
 def lake_root(tmp_path) -> str:
     return str(tmp_path / "lake")
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory):
+    """A real Spark Connect server for the whole run, started as `make run` starts it (log:
+    <basetemp>/connect*/server.log), stopped with its process group at the end."""
+    from tests.connect_server import running_server
+
+    with running_server(tmp_path_factory.mktemp("connect")) as server:
+        yield server
+
+
+@pytest.fixture()
+def on_connect(connect_server, monkeypatch) -> Iterator[str]:
+    """For one test, get_session in this process opens sessions on the test's Connect server (the
+    URL is yielded); they are released at the end, and PySpark's process-wide Connect mode (its
+    functions build Connect columns) is switched off again for the classic tests after it."""
+    from coldharbor.spark import REMOTE_ENV, release_sessions
+
+    monkeypatch.setenv(REMOTE_ENV, connect_server.url)
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    yield connect_server.url
+    release_sessions()

@@ -33,7 +33,7 @@ from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor import faults, lake, pg, registry, table_reader
+from coldharbor import faults, lake, lake_values, pg, registry, table_reader
 from coldharbor.errors import LakeUnavailableError, TableBusyError
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, latest_per_key, to_lake_rows
 from coldharbor.registry import LakeColumn, RegisteredTable
@@ -42,6 +42,7 @@ from coldharbor.unified import table_contract
 log = logging.getLogger(__name__)
 
 KINDS = ("load", "resync")
+LOAD_REFUSED = "nothing of the table was written. Change such values; the next run reads the table again"
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,27 @@ class LoadState:
     loaded_at: datetime | None      # the initial load's snapshot time: the lake knows the table from then on
     base_version: int | None
     base_at: datetime | None
+    rebase_reason: str | None = None  # why the newest rebase was requested (sql/014)
 
     @property
     def pending(self) -> bool:
         return self.state == "pending"
 
+    @property
+    def rebase_pending(self) -> bool:
+        """Pending because DDL changed rows capture cannot carry (not an initial load): the lake
+        may hold rows PostgreSQL no longer has, so the base must be written even for an empty table."""
+        return self.pending and self.rebase_reason is not None
+
+    @property
+    def base_kind(self) -> str:
+        """The kind of the next base: a table never loaded gets its initial load, any other a resync
+        (which keeps the initial load's version and time, from which as-of reports start)."""
+        return "load" if self.pending and self.loaded_at is None and self.rebase_reason is None else "resync"
+
 
 def load_state(conn: psycopg.Connection, table_id: int) -> LoadState:
-    row = conn.execute("SELECT load_state, loaded_version, loaded_at, base_version, base_at "
+    row = conn.execute("SELECT load_state, loaded_version, loaded_at, base_version, base_at, rebase_reason "
                        "FROM coldharbor.tables WHERE table_id = %s", (table_id,)).fetchone()
     return LoadState(*row)
 
@@ -81,6 +95,8 @@ def settle_without_spark(conn: psycopg.Connection, table: RegisteredTable) -> bo
     is empty when a snapshot taken now -- after its registration committed, so every later write is
     captured -- holds no row. The caller holds the table's export lock.
     """
+    if load_state(conn, table.table_id).rebase_pending:
+        return False
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         registry.guard_read(conn, table)  # before the snapshot: no code of the table's owner runs here
@@ -89,7 +105,8 @@ def settle_without_spark(conn: psycopg.Connection, table: RegisteredTable) -> bo
             if has_rows:
                 return False
         settled = conn.execute("UPDATE coldharbor.tables SET load_state = 'loaded', base_rows = 0 "
-                               "WHERE table_id = %s AND load_state = 'pending'", (table.table_id,)).rowcount
+                               "WHERE table_id = %s AND load_state = 'pending' AND rebase_reason IS NULL",
+                               (table.table_id,)).rowcount
     if settled:
         log.info("%s: registered without rows to load; capture carries every row", table.qualified_name)
     return True
@@ -182,15 +199,17 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     if kind not in KINDS:
         raise ValueError(f"a base is one of {KINDS}, not {kind!r}")
     app_id = lake.export_app_id(table.table_id)
+    # Refusals (an unwritable lake, a type the lake table cannot take) come before the intent, so a
+    # refused base leaves nothing behind.
+    lake.ensure_writable(spark, path)
+    change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
+                                table.qualified_name)
     batch_id, token = begin(conn, table, kind, run_id, lake.committed_txn_version(spark, path, app_id))
     hook(f"{kind}_after_intent")
-    lake.ensure_writable(spark, path)
     keys = [c.name for c in columns if c.is_key]
     # A lake table already there (a resync, or a load into a location used before) keeps its rows:
     # the base outranks them key by key, and marks the keys PostgreSQL no longer has deleted.
     lake_keys = lake_sequences(spark, path, keys)
-    change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
-                                table.qualified_name)
     if lake_keys is not None:
         advance_change_sequence(conn, lake_keys)
     try:
@@ -221,7 +240,10 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         registry.guard_read(conn, table)  # before the snapshot; its ACCESS SHARE lock is held while the readers read
         snapshot = table_reader.export_snapshot(conn, table)
-        table_reader.refuse_unrepresentable(conn, table, columns)
+        # The rebase requests this snapshot answers; one made after it keeps the table pending.
+        rebase_serial = conn.execute("SELECT rebase_serial FROM coldharbor.tables WHERE table_id = %s",
+                                     (table.table_id,)).fetchone()[0]
+        lake_values.refuse_in_table(conn, table, columns, LOAD_REFUSED)
         hook(f"{kind}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
         rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=table.hot_retention is not None)
@@ -236,7 +258,8 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
             lake.append_batch(rows, path, app_id=app_id, batch_id=batch_id, partition_by=table.partition_by,
                               metadata={"app_id": app_id, "batch_id": batch_id, "run_id": run_id, "kind": kind,
                                         "table": table.qualified_name, "commit_token": token,
-                                        "snapshot_at": snapshot.taken_at.isoformat()},
+                                        "snapshot_at": snapshot.taken_at.isoformat(),
+                                        "rebase_serial": rebase_serial},
                               add_columns=bool(change.added or change.metadata_added),
                               stats_columns=[*table.key_columns, *table.sort_by])
 
@@ -259,12 +282,12 @@ def finish_if_committed(spark: SparkSession, conn: psycopg.Connection, table: Re
                          WHERE table_id = %s AND batch_id = %s""", (version, rows, snapshot_at, table.table_id, batch_id))
         conn.execute("""UPDATE coldharbor.tables
                            SET base_version = %(version)s, base_at = %(at)s, base_rows = %(rows)s,
-                               load_state = 'loaded',
+                               load_state = CASE WHEN rebase_serial = %(serial)s THEN 'loaded' ELSE load_state END,
                                loaded_version = CASE WHEN %(load)s THEN %(version)s ELSE loaded_version END,
                                loaded_at = CASE WHEN %(load)s THEN %(at)s ELSE loaded_at END
                          WHERE table_id = %(table)s""",
                      {"version": version, "at": snapshot_at, "rows": rows, "load": kind == "load",
-                      "table": table.table_id})
+                      "table": table.table_id, "serial": meta.get("rebase_serial", 0)})
     log.info("%s: %s landed as Delta version %s: %s rows read in the snapshot of %s", table.qualified_name,
              kind, version, rows, snapshot_at.isoformat())
     return BaseResult(table.qualified_name, kind, batch_id, rows, version)

@@ -30,6 +30,12 @@ class Batch:
     commit_token: str     # written into the Delta commit: tells this batch's commit from a reused id's
 
 
+def next_batch_id(conn: psycopg.Connection, table_id: int) -> int:
+    """The batch id the table's next batch (export or base) takes, as the caller's snapshot sees it."""
+    return conn.execute("SELECT last_batch_id + 1 FROM coldharbor.tables WHERE table_id = %s",
+                        (table_id,)).fetchone()[0]
+
+
 def begin(conn: psycopg.Connection, table: RegisteredTable, run_id: str, row_count: int) -> Batch:
     """Allocates the next batch id of the table and records as the batch's change ids every dirty
     change of the table in the caller's transaction: the export's snapshot, the one its images

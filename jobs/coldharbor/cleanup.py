@@ -25,8 +25,8 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import SparkSession
 
-from coldharbor import faults, lake, maintenance_runs, pg, registry, report_runs, settings
-from coldharbor.errors import ConfigError, LakeUnavailableError
+from coldharbor import faults, lake, lake_store, maintenance_runs, pg, registry, report_runs, settings
+from coldharbor.errors import ConfigError
 from coldharbor.job_main import run_job
 from coldharbor.registry import RegisteredTable
 from coldharbor.spark import temporary_conf
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 # travel of versions younger than the retention).
 DELTA_GUARD_HOURS = 168.0
 # Files of our own that Delta's VACUUM never touches (their names start with '_' or '.').
-OWN_LEFTOVERS = ("_coldharbor_write_probe",)
+OWN_LEFTOVERS = (lake.WRITE_PROBE,)
 RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
 
 
@@ -154,57 +154,47 @@ def vacuum_files(spark: SparkSession, path: str, retention: timedelta, *, dry_ru
 
     A retention below the guard must have been allowed by the caller (an explicit override).
     """
-    from delta.tables import DeltaTable
-
     with lake.reaching("reading", path):
-        if not DeltaTable.isDeltaTable(spark, path):
+        if not lake_store.is_delta_table(path):
             return []
     hours = retention.total_seconds() / 3600
-    # DRY RUN exists only in SQL, which names the table by path: maintenance runs no report SQL,
-    # so path identifiers may be on for these statements.
-    values = {"spark.sql.runSQLOnFiles": "true"}
+    values = {}
     if hours < DELTA_GUARD_HOURS:
         values["spark.databricks.delta.retentionDurationCheck.enabled"] = "false"
-    table_ref = "delta.`" + path.replace("`", "``") + "`"
     try:
         with temporary_conf(spark, values):
             if align_untracked and not dry_run:
-                _align_retention_property(spark, table_ref, retention)
-            listed = [r[0] for r in spark.sql(f"VACUUM {table_ref} RETAIN {hours} HOURS DRY RUN").collect()]
+                _align_retention_property(spark, path, retention)
+            vacuum_sql = f"VACUUM {lake.path_literal(path)} RETAIN {hours} HOURS"
+            listed = [r[0] for r in spark.sql(f"{vacuum_sql} DRY RUN").collect()]
             if not dry_run and listed:
                 with faults.kill_during("during_vacuum"):
-                    DeltaTable.forPath(spark, path).vacuum(hours)
+                    spark.sql(vacuum_sql).collect()
         return listed
     except Exception as exc:
-        raise LakeUnavailableError(f"VACUUM of {path} failed: {lake.jvm_message(exc)}") from exc
+        raise lake.lake_error(f"VACUUM of {path} failed", exc) from exc
 
 
-def _align_retention_property(spark: SparkSession, table_ref: str, retention: timedelta) -> None:
+def _align_retention_property(spark: SparkSession, path: str, retention: timedelta) -> None:
     """VACUUM removes files no version references (those of killed writers) once they are older
     than the table's delta.deletedFileRetentionDuration, whatever RETAIN says: keep the property
     equal to the configured retention. A change is one metadata commit."""
     wanted = f"interval {int(retention.total_seconds())} seconds"
-    current = spark.sql(f"DESCRIBE DETAIL {table_ref}").first()["properties"].get(RETENTION_PROPERTY)
+    current = spark.sql(f"DESCRIBE DETAIL {lake.path_literal(path)}").first()["properties"].get(RETENTION_PROPERTY)
     if current != wanted:
-        spark.sql(f"ALTER TABLE {table_ref} SET TBLPROPERTIES ('{RETENTION_PROPERTY}' = '{wanted}')")
-        log.info("%s: %s set to %s (was %s)", table_ref, RETENTION_PROPERTY, wanted, current or "the default")
+        # ALTER TABLE names a table by path only as an identifier: maintenance runs no report SQL,
+        # so path identifiers may be on for this statement.
+        with temporary_conf(spark, {"spark.sql.runSQLOnFiles": "true"}):
+            spark.sql(f"ALTER TABLE {lake.path_identifier(path)} "
+                      f"SET TBLPROPERTIES ('{RETENTION_PROPERTY}' = '{wanted}')")
+        log.info("%s: %s set to %s (was %s)", path, RETENTION_PROPERTY, wanted, current or "the default")
 
 
 def remove_own_leftovers(spark: SparkSession, path: str, config: CleanupConfig) -> list[str]:
     """Probe files of killed exports: hidden from VACUUM by their leading underscore."""
-    jvm = spark.sparkContext._jvm
-    cutoff_ms = (datetime.now(timezone.utc) - config.retention).timestamp() * 1000
-    removed = []
-    with lake.reaching("removing leftovers of killed exports under", path):
-        folder = jvm.org.apache.hadoop.fs.Path(path)
-        fs = folder.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-        for name in OWN_LEFTOVERS:
-            leftover = jvm.org.apache.hadoop.fs.Path(folder, name)
-            if fs.exists(leftover) and fs.getFileStatus(leftover).getModificationTime() < cutoff_ms:
-                if not config.dry_run:
-                    fs.delete(leftover, False)
-                removed.append(str(leftover))
-    return removed
+    cutoff = datetime.now(timezone.utc) - config.retention
+    removed = [lake_store.remove_if_older(path, name, cutoff, config.dry_run) for name in OWN_LEFTOVERS]
+    return [leftover for leftover in removed if leftover is not None]
 
 
 def prune_change_log(conn: psycopg.Connection, table: RegisteredTable, config: CleanupConfig) -> tuple[int, int]:

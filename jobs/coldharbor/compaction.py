@@ -270,12 +270,10 @@ def _check_no_rewrites_since(spark: SparkSession, path: str, version: int) -> No
     the rewrite read it: a DELETE or MERGE that committed in between would be undone. Delta's
     own conflict checks cover commits after the write starts; this covers the ones before.
     """
-    from delta.tables import DeltaTable
-
     latest = lake.pin_version(spark, path)
     if latest == version:
         return
-    history = DeltaTable.forPath(spark, path).history(latest - version).collect()
+    history = lake.history_of(spark, path, latest - version).collect()
     for entry in history:
         if entry["version"] > version and not entry["isBlindAppend"] \
                 and entry["operation"] not in _HARMLESS_OPERATIONS:

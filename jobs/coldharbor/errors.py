@@ -37,3 +37,7 @@ class PrivilegeError(ColdharborError):
 
 class UnrepresentableValueError(ColdharborError):
     """A row holds a value the lake cannot hold exactly; nothing of the table was written."""
+
+
+class SparkUnavailableError(ColdharborError):
+    """The Spark Connect server the jobs use cannot be reached (or was restarted mid-job)."""

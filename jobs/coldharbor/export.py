@@ -103,10 +103,14 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         path = table.lake_path(config.lake_root)
         recovered = recover_pending(spark, conn, table, path)
         loaded = None
-        if base_load.load_state(conn, table.table_id).pending and not base_load.settle_without_spark(conn, table):
-            # The initial load lands before the first batch of changes (invariant 12).
+        state = base_load.load_state(conn, table.table_id)
+        if state.pending and not base_load.settle_without_spark(conn, table):
+            # The initial load (or a rebase after DDL, sql/014) lands before the next batch of changes
+            # (invariant 12).
+            if state.rebase_pending:
+                log.warning("%s: writing a new base from PostgreSQL: %s", table.qualified_name, state.rebase_reason)
             loaded = base_load.write_base(spark, conn, jdbc, table, registry.lake_columns(conn, table), path,
-                                          "load", config.run_id, hook)
+                                          state.base_kind, config.run_id, hook)
         if not hot_reader.has_dirty(conn, table.table_id):
             log.info("%s: nothing dirty", table.qualified_name)
             return TableResult(table.qualified_name, "loaded" if loaded else "clean", recovered_batches=recovered,
@@ -126,6 +130,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
             log.info("%s: the lake table gains metadata column(s) %s (NULL in older rows)", table.qualified_name,
                      ", ".join(change.metadata_added))
 
+        refuse_if_lake_ahead(spark, conn, table, path)
         # One snapshot for the images and the batch's change ids (invariant 1): this transaction
         # exports it, the JDBC readers import it, and the intent is recorded in it and committed.
         with conn.transaction():
@@ -139,7 +144,6 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
 
         exported_at = datetime.now(timezone.utc)
         app_id = lake.export_app_id(table.table_id)
-        refuse_if_lake_ahead(spark, conn, table, path, batch.batch_id)
         rows = images.transform(to_lake_rows(columns, batch.batch_id, exported_at))
         if faults.armed("during_write"):
             rows = faults.crash_inside_tasks(rows, "during_write")
@@ -166,15 +170,12 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
                            loaded.rows if loaded else 0)
 
 
-def refuse_if_lake_ahead(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
-                         batch_id: int) -> None:
-    """LakeAheadError, the batch's intent abandoned (its changes stay dirty), when Delta already
-    recorded this batch id for the table: the append would be skipped as a replay."""
-    try:
-        lake.require_unused_batch_id(spark, path, lake.export_app_id(table.table_id), batch_id, table.qualified_name)
-    except lake.LakeAheadError:
-        batches.abandon(conn, table.table_id, batch_id)
-        raise
+def refuse_if_lake_ahead(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str) -> None:
+    """LakeAheadError, before anything is read or recorded, when Delta already recorded the batch id
+    the next batch would take: the append would be skipped as a replay. Checked before the intent,
+    so a refused run uses up no batch id and every retry is refused until a resync."""
+    lake.require_unused_batch_id(spark, path, lake.export_app_id(table.table_id),
+                                 batches.next_batch_id(conn, table.table_id), table.qualified_name)
 
 
 def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,

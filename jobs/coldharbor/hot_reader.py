@@ -12,12 +12,14 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-from coldharbor import faults, pg
+from coldharbor import faults, lake_values, pg
 from coldharbor.errors import ReportError
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ
 from coldharbor.pg import JdbcTarget
 from coldharbor.registry import LakeColumn, RegisteredTable
+from coldharbor.spark import parallelism as spark_parallelism
 
 # PostgreSQL types the JDBC driver would not hand over as the lake type: cast to text in SQL.
 AS_TEXT = {"uuid", "json", "jsonb"}
@@ -26,15 +28,30 @@ JDBC_FETCH_SIZE = 20_000
 EXPORT_WORK_MEM = "256MB"
 
 
-def column_expr(column: LakeColumn) -> sql.Composable:
-    if column.is_key:
-        # Deleted keys have no row left to join: their key values come from the change log.
-        expr = sql.SQL("(d.key ->> {})::{}").format(sql.Literal(column.name), sql.SQL(column.pg_type))
-    else:
-        expr = sql.SQL("t.{}").format(sql.Identifier(column.name))
+def as_output(column: LakeColumn, expr: sql.Composable) -> sql.Composable:
+    """`expr` selected as the column, typed for the lake (uuid and json as text)."""
     if column.pg_type in AS_TEXT:
         expr = sql.SQL("({})::text").format(expr)
     return sql.SQL("{} AS {}").format(expr, sql.Identifier(column.name))
+
+
+def key_value(column: LakeColumn) -> sql.Composable:
+    """A key column's value in the change_log key `d.key`, typed."""
+    return sql.SQL("(d.key ->> {})::{}").format(sql.Literal(column.name), sql.SQL(column.pg_type))
+
+
+def image_value(column: LakeColumn) -> sql.Composable:
+    """A column of a dirty key's image: a key column from the change log (a deleted key has no row
+    left to join), the others from its row `t`."""
+    return key_value(column) if column.is_key else sql.SQL("t.{}").format(sql.Identifier(column.name))
+
+
+def checked_select(columns: Sequence[LakeColumn], value_of: lake_values.ValueOf, through_jdbc: bool) -> sql.Composable:
+    """The select list of a reader of rows: each column typed for the lake, NULL where the lake does
+    not hold its value, then the row's `lake_values.PROBLEM` naming the first such value."""
+    values, problem = lake_values.checked_values(columns, value_of, through_jdbc)
+    return sql.SQL(", ").join([*(as_output(c, v) for c, v in zip(columns, values)),
+                               sql.SQL("{} AS {}").format(problem, sql.Identifier(lake_values.PROBLEM))])
 
 
 def commit_times_tracked(conn: psycopg.Connection) -> bool:
@@ -62,9 +79,8 @@ def require_commit_times(conn: psycopg.Connection) -> None:
 
 def key_match(columns: Sequence[LakeColumn]) -> sql.Composable:
     """The table row `t` whose key is the change_log key `d.key`."""
-    return sql.SQL(" AND ").join(
-        sql.SQL("t.{} = (d.key ->> {})::{}").format(sql.Identifier(c.name), sql.Literal(c.name), sql.SQL(c.pg_type))
-        for c in columns if c.is_key)
+    return sql.SQL(" AND ").join(sql.SQL("t.{} = {}").format(sql.Identifier(c.name), key_value(c))
+                                 for c in columns if c.is_key)
 
 
 def row_missing(columns: Sequence[LakeColumn]) -> sql.Composable:
@@ -99,7 +115,8 @@ def _key_column(position: int) -> sql.Identifier:
 def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
                        changed_at: sql.Composable = sql.SQL("created_at"),
                        relation: sql.Composable | None = None, part: int = 0, parts: int = 1) -> sql.Composed:
-    """One row per dirty key: its image now (or a delete marker) and its change metadata.
+    """One row per dirty key: its image now (or a delete marker), its change metadata and its
+    `lake_values.PROBLEM`.
 
     The dirty changes are grouped by the typed key values (cheaper than by the jsonb key), both
     ordered aggregates in one order so PostgreSQL sorts once. With `parts` > 1 this reads the
@@ -111,12 +128,9 @@ def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
         share = sql.SQL(" AND (jsonb_hash(c.key) & 2147483647) % {} = {}").format(sql.Literal(parts),
                                                                                sql.Literal(part))
 
-    def output(c: LakeColumn) -> sql.Composable:
-        expr = (sql.SQL("d.{}").format(_key_column(keys.index(c))) if c.is_key
+    def value_of(c: LakeColumn) -> sql.Composable:
+        return (sql.SQL("d.{}").format(_key_column(keys.index(c))) if c.is_key
                 else sql.SQL("t.{}").format(sql.Identifier(c.name)))
-        if c.pg_type in AS_TEXT:
-            expr = sql.SQL("({})::text").format(expr)
-        return sql.SQL("{} AS {}").format(expr, sql.Identifier(c.name))
 
     return sql.SQL("""
         WITH dirty AS (
@@ -138,7 +152,7 @@ def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
             for i, c in enumerate(keys)),
         change_time=changed_at, dirty=_dirty_changes(table), share=share,
         group_by=sql.SQL(", ").join(sql.SQL(str(i + 1)) for i in range(len(keys))),
-        columns=sql.SQL(", ").join(output(c) for c in columns),
+        columns=checked_select(columns, value_of, through_jdbc=True),
         first_key=sql.Identifier(keys[0].name), deleted=sql.Identifier(DELETED), seq=sql.Identifier(SEQ),
         changed_at=sql.Identifier(CHANGED_AT), first_changed_at=sql.Identifier(FIRST_CHANGED_AT),
         table=relation or table.identifier,
@@ -155,13 +169,14 @@ def intent_query(table: RegisteredTable) -> sql.Composed:
 
 def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, snapshot_id: str,
                       table: RegisteredTable, columns: Sequence[LakeColumn]) -> DataFrame:
-    """The dirty images as of the exported snapshot `snapshot_id`, read once and pinned in Spark.
+    """The dirty images as of the exported snapshot `snapshot_id`, read once and pinned in Spark;
+    UnrepresentableValueError when one holds a value the lake does not (`refuse_unheld`).
 
     One JDBC read per core, each importing the same snapshot (so together they are one consistent
     read of disjoint key shares), then an eager local checkpoint: a JDBC DataFrame re-runs its
     query on every action, and the rows written to the lake must come from this single read.
     """
-    parts = max(1, spark.sparkContext.defaultParallelism)
+    parts = spark_parallelism(spark)
     relation = source_relation(conn, table, f"SELECT dk.{_key_column(0).as_string(conn)} FROM dirty dk")
     images = None
     for part in range(parts):
@@ -169,7 +184,25 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
         share = snapshot_read(spark, jdbc, query, snapshot_id, f"SET work_mem = '{EXPORT_WORK_MEM}'; ")
         images = share if images is None else images.union(share)
     faults.from_environment("before_jdbc_read")  # the readers connect in the checkpoint's tasks
-    return images.localCheckpoint(eager=True)
+    images = images.localCheckpoint(eager=True)
+    if not lake_values.has_limits(columns, through_jdbc=True):
+        return images.drop(lake_values.PROBLEM)
+    return refuse_unheld(images, table)
+
+
+EXPORT_REFUSED = ("the table's changes were not exported (nothing was written or marked flushed; the other tables "
+                  "still export) and wait until the value is changed: the next export carries them")
+
+
+def refuse_unheld(images: DataFrame, table: RegisteredTable) -> DataFrame:
+    """The images without `lake_values.PROBLEM`; UnrepresentableValueError, naming the first, when
+    a row holds a value the lake does not. A delete marker of a key holding such a value is left
+    out of the batch (its change is still marked): the lake never held that key."""
+    problem = F.col(lake_values.PROBLEM)
+    found = images.filter(problem.isNotNull() & ~F.col(DELETED)).select(problem).first()
+    if found is not None:
+        raise lake_values.refusal(table.qualified_name, found[0], EXPORT_REFUSED)
+    return images.filter(problem.isNull()).drop(lake_values.PROBLEM)
 
 
 def snapshot_read(spark: SparkSession, jdbc: JdbcTarget, query: str, snapshot_id: str, settings: str = "",

@@ -15,9 +15,10 @@ from datetime import datetime
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg import sql
 
-from coldharbor import base_load, hot_reader, registry
+from coldharbor import base_load, batches, hot_reader, lake, lake_values, registry
 from coldharbor.errors import LakeUnavailableError
 from coldharbor.lake_rows import DELETED
 from coldharbor.registry import LakeColumn, RegisteredTable
@@ -40,6 +41,7 @@ class HotTable:
     unexported_since: datetime | None  # earliest change not in the pinned lake version
     hot_only: bool = False             # images hold the whole table (the lake was not read)
     load_pending: bool = False         # hot_only because the table's initial load is not in lake@V yet
+    lake_ahead: str | None = None      # hot_only because the lake is ahead of PostgreSQL: why (`lake_ahead`)
     known_from: datetime | None = None  # the initial load's snapshot time: the lake knows nothing before
 
 
@@ -74,19 +76,18 @@ def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], pi
         SELECT {columns}, {missing} AS {deleted}
         FROM dirty d LEFT JOIN {table} t ON {key_match}""").format(
         changes=_changes_since(table, pinned_version),
-        columns=sql.SQL(", ").join(hot_reader.column_expr(c) for c in columns),
+        columns=hot_reader.checked_select(columns, hot_reader.image_value, through_jdbc=False),
         deleted=sql.Identifier(DELETED), table=relation or table.identifier, key_match=hot_reader.key_match(columns),
         missing=hot_reader.row_missing(columns))
 
 
 def whole_table_query(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sql.Composed:
     """Best effort without the lake: the rows the hot tier still holds."""
-    def expr(c: LakeColumn) -> sql.Composable:
-        col = sql.SQL("t.{}").format(sql.Identifier(c.name))
-        return sql.SQL("{}::text AS {}").format(col, sql.Identifier(c.name)) if c.pg_type in hot_reader.AS_TEXT \
-            else sql.SQL("{} AS {}").format(col, sql.Identifier(c.name))
+    def value_of(c: LakeColumn) -> sql.Composable:
+        return sql.SQL("t.{}").format(sql.Identifier(c.name))
+
     return sql.SQL("SELECT {columns}, false AS {deleted} FROM {table} t").format(
-        columns=sql.SQL(", ").join(expr(c) for c in columns), deleted=sql.Identifier(DELETED),
+        columns=hot_reader.checked_select(columns, value_of, through_jdbc=False), deleted=sql.Identifier(DELETED),
         table=table.identifier)
 
 
@@ -103,8 +104,11 @@ def _unexported_since(conn: psycopg.Connection, table: RegisteredTable, pinned_v
     ).fetchone()[0]
 
 
-def _fetch_arrow(conn: psycopg.Connection, query: sql.Composed, columns: Sequence[LakeColumn]) -> pa.Table:
-    schema = pa.schema([pa.field(c.name, arrow_type(c.lake_type)) for c in columns] + [pa.field(DELETED, pa.bool_())])
+def _fetch_arrow(conn: psycopg.Connection, query: sql.Composed, table: RegisteredTable,
+                 columns: Sequence[LakeColumn]) -> pa.Table:
+    """The rows of `query` (the columns, `lake_values.PROBLEM`, _ch_deleted), checked by `_refuse_unheld`."""
+    schema = pa.schema([pa.field(c.name, arrow_type(c.lake_type)) for c in columns]
+                       + [pa.field(lake_values.PROBLEM, pa.string()), pa.field(DELETED, pa.bool_())])
     batches = []
     with conn.cursor(name="coldharbor_hot_images") as cur:  # server-side: bounded client memory
         cur.itersize = HOT_FETCH_ROWS
@@ -112,7 +116,21 @@ def _fetch_arrow(conn: psycopg.Connection, query: sql.Composed, columns: Sequenc
         while rows := cur.fetchmany(HOT_FETCH_ROWS):
             batches.append(pa.record_batch([pa.array(col, type=f.type) for col, f in zip(zip(*rows), schema)],
                                            schema=schema))
-    return pa.Table.from_batches(batches, schema=schema)
+    return _refuse_unheld(pa.Table.from_batches(batches, schema=schema), table)
+
+
+REPORT_REFUSED = "the report was not run and nothing was written; change the value (the table's export waits for it too)"
+
+
+def _refuse_unheld(images: pa.Table, table: RegisteredTable) -> pa.Table:
+    """The images without `lake_values.PROBLEM`; UnrepresentableValueError, naming the first, when a
+    row holds a value a report cannot hold. A deleted key holding such a value is no dirty key:
+    the lake, which a dirty key hides rows of, never held it."""
+    problem = images[lake_values.PROBLEM]
+    found = pc.filter(problem, pc.and_(pc.is_valid(problem), pc.invert(images[DELETED])))
+    if len(found):
+        raise lake_values.refusal(table.qualified_name, found[0].as_py(), REPORT_REFUSED, through_jdbc=False)
+    return images.filter(pc.is_null(problem)).drop_columns([lake_values.PROBLEM])
 
 
 def _flushed_before(conn: psycopg.Connection, table: RegisteredTable) -> bool:
@@ -130,19 +148,38 @@ def _load_not_in(load: base_load.LoadState, version: int | None) -> bool:
     return load.loaded_version is not None and (version is None or version < load.loaded_version)
 
 
+def lake_ahead(conn: psycopg.Connection, table: RegisteredTable, lake_batch_id: int | None) -> str | None:
+    """The export's refusal (`lake.check_batch_id`) when the lake holds a batch id this snapshot of
+    PostgreSQL never used (it was restored from a backup), else None. `lake_batch_id` is the lake's
+    `committed_txn_version`, read before the snapshot. The lake is then not PostgreSQL's past, and
+    PostgreSQL alone is the table, unless it is tiered: its evicted rows live in the lake alone, and
+    the report is refused."""
+    try:
+        lake.check_batch_id(lake_batch_id, batches.next_batch_id(conn, table.table_id), table.qualified_name)
+    except lake.LakeAheadError as exc:
+        if table.hot_retention is not None:
+            raise lake.LakeAheadError(table.qualified_name, exc.batch_id, f"{exc.detail}; rows evicted from "
+                                      "PostgreSQL live in the lake alone, so no report can read the table") from None
+        return str(exc)
+    return None
+
+
 def read(conn: psycopg.Connection, pinned: Mapping[int, int | None], tables: Sequence[RegisteredTable],
-         hot_only: bool = False) -> HotSnapshot:
+         hot_only: bool = False, lake_batches: Mapping[int, int | None] | None = None) -> HotSnapshot:
     """Every table's dirty set against its pinned lake version (None: no lake table yet), in one
-    snapshot. With `hot_only` the lake is not read and each table comes whole from PostgreSQL."""
+    snapshot. With `hot_only` the lake is not read and each table comes whole from PostgreSQL. With
+    `lake_batches` (each table's `lake.committed_txn_version`, read after the pins) a table whose lake
+    is ahead of PostgreSQL comes whole from PostgreSQL too (`lake_ahead`)."""
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         for table in tables:
             registry.guard_read(conn, table)  # before the snapshot
-        return read_in_transaction(conn, pinned, tables, hot_only)
+        return read_in_transaction(conn, pinned, tables, hot_only, lake_batches)
 
 
 def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | None],
-                        tables: Sequence[RegisteredTable], hot_only: bool = False) -> HotSnapshot:
+                        tables: Sequence[RegisteredTable], hot_only: bool = False,
+                        lake_batches: Mapping[int, int | None] | None = None) -> HotSnapshot:
     """`read`, inside a REPEATABLE READ transaction the caller opened (and may have exported)."""
     taken_at = conn.execute("SELECT statement_timestamp()").fetchone()[0]  # takes the snapshot
     result: dict[int, HotTable] = {}
@@ -153,18 +190,21 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
         if not hot_only and version is None and _flushed_before(conn, table):
             raise LakeUnavailableError(f"the lake table of {table.qualified_name} is missing, but changes of it "
                                        "were flushed there; the lake location is wrong or was removed")
-        if hot_only or _load_not_in(load, version):
+        ahead = None if hot_only or lake_batches is None else lake_ahead(conn, table, lake_batches[table.table_id])
+        if hot_only or ahead or _load_not_in(load, version):
             # Invariant 12: until the initial load is in lake@V, PostgreSQL alone is the table.
-            images = _fetch_arrow(conn, whole_table_query(table, columns), columns)
+            images = _fetch_arrow(conn, whole_table_query(table, columns), table, columns)
             result[table.table_id] = HotTable(table, columns, images, None, hot_only=True,
-                                              load_pending=not hot_only)
-            if not hot_only:
+                                              load_pending=not (hot_only or ahead), lake_ahead=ahead)
+            if ahead:
+                log.warning("%s; served from PostgreSQL alone (%s rows) until then", ahead, images.num_rows)
+            elif not hot_only:
                 log.info("%s: initial load not in lake version %s; served from PostgreSQL alone (%s rows)",
                          table.qualified_name, version, images.num_rows)
             continue
         since = -1 if version is None else version
-        images = _fetch_arrow(conn, dirty_images_query(table, columns, since,
-                                                       hot_reader.source_relation(conn, table)), columns)
+        images = _fetch_arrow(conn, dirty_images_query(table, columns, since, hot_reader.source_relation(conn, table)),
+                              table, columns)
         result[table.table_id] = HotTable(table, columns, images, _unexported_since(conn, table, since),
                                           known_from=load.loaded_at)
         log.info("%s: %s dirty keys against lake version %s", table.qualified_name, images.num_rows, version)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -18,11 +19,29 @@ EXIT_REFUSED = 2  # a ColdharborError: bad input, or a tier unreachable; nothing
 def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # PySpark logs every failed query whole (JSON with the JVM stack) before it raises; the job
+    # says what failed in its own one line. (PySpark's logger class: its calls pass extra fields.)
+    from pyspark.logger import PySparkLogger
+
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
+    # ...and the Connect client warns on stderr before it raises for a server it gave up on.
+    warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
 
 
 def run_job(name: str, body: Callable[[], int]) -> int:
-    """Runs `body`; a ColdharborError, a lost PostgreSQL or a refused privilege is logged as one line: exit 2."""
+    """Runs `body`; a ColdharborError, a lost PostgreSQL or Spark Connect server or a refused
+    privilege is logged as one line: exit 2. The Spark Connect sessions it opened are released."""
+    from coldharbor.spark import release_sessions
+
     configure_logging()
+    try:
+        return _run(name, body)
+    finally:
+        release_sessions()
+
+
+def _run(name: str, body: Callable[[], int]) -> int:
     try:
         return body()
     except ColdharborError as exc:
@@ -37,8 +56,10 @@ def run_job(name: str, body: Callable[[], int]) -> int:
         return EXIT_REFUSED
     except Exception as exc:
         from coldharbor.pg import lost_postgres
+        from coldharbor.spark import lost_spark
 
-        lost = lost_postgres(exc)  # a Spark JDBC reader or writer that lost the server
+        # A Spark JDBC reader or writer that lost PostgreSQL, or the Spark Connect server gone.
+        lost = lost_postgres(exc) or lost_spark(exc)
         if lost is None:
             raise
         log.error("%s failed: %s", name, lost)

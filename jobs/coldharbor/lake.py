@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from coldharbor import lake_store
 from coldharbor.errors import ColdharborError, ConfigError, LakeUnavailableError
 from coldharbor.lake_rows import BATCH_ID, CHANGED_AT, METADATA_COLUMNS, SEQ
 
@@ -25,22 +26,26 @@ RECENT_COMMITS = 5
 
 @contextmanager
 def reaching(what: str, path: str) -> Iterator[None]:
-    """A failure to reach the lake inside the block (an unreachable store, a lost folder: py4j
-    wraps every JVM error) becomes one LakeUnavailableError saying what failed where."""
+    """A failure to reach the lake inside the block (an unreachable store, a lost folder: Spark
+    relays every JVM error) becomes one LakeUnavailableError saying what failed where."""
     try:
         yield
     except ColdharborError:
         raise
     except Exception as exc:
-        raise _lake_error(f"{what} {path} failed", exc) from exc
+        raise lake_error(f"{what} {path} failed", exc) from exc
 
 
-def _lake_error(what: str, exc: Exception) -> ColdharborError:
-    """LakeUnavailableError, unless the write failed because a lazy JDBC read of PostgreSQL it
-    consumed lost the server: then that, naming the tier that was lost."""
+def lake_error(what: str, exc: Exception) -> ColdharborError:
+    """LakeUnavailableError, unless the operation failed because a lazy JDBC read of PostgreSQL it
+    consumed lost the server, or the Spark Connect server itself was lost: then that, naming what
+    was lost. A ColdharborError stays itself."""
     from coldharbor.pg import lost_postgres
+    from coldharbor.spark import lost_spark
 
-    return lost_postgres(exc) or LakeUnavailableError(f"{what}: {jvm_message(exc)}")
+    if isinstance(exc, ColdharborError):
+        return exc
+    return lost_postgres(exc) or lost_spark(exc) or LakeUnavailableError(f"{what}: {jvm_message(exc)}")
 
 
 def export_app_id(table_id: int) -> str:
@@ -48,18 +53,18 @@ def export_app_id(table_id: int) -> str:
     return f"coldharbor-export-{table_id}"
 
 
+# A file the export writes and removes to prove the lake is writable; hidden from VACUUM by its
+# leading underscore, so cleanup removes the ones killed exports left.
+WRITE_PROBE = "_coldharbor_write_probe"
+
+
 def ensure_writable(spark: SparkSession, path: str) -> None:
     """Creates the table folder if needed and proves a file can be written there."""
-    jvm = spark.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
     try:
-        fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-        fs.mkdirs(hadoop_path)
-        probe = jvm.org.apache.hadoop.fs.Path(hadoop_path, "_coldharbor_write_probe")
-        fs.create(probe, True).close()
-        fs.delete(probe, False)
-    except Exception as exc:  # py4j wraps every JVM error; the message is what matters
-        raise LakeUnavailableError(f"cannot write the lake at {path}: {jvm_message(exc)}") from exc
+        lake_store.probe_writable(path, WRITE_PROBE)
+    except LakeUnavailableError as exc:
+        raise LakeUnavailableError(f"cannot write the lake at {path}: {lake_store.message(exc.__cause__ or exc)}"
+                                   ) from exc
 
 
 def append_batch(rows: DataFrame, path: str, *, app_id: str, batch_id: int,
@@ -75,7 +80,7 @@ def append_batch(rows: DataFrame, path: str, *, app_id: str, batch_id: int,
               .option("txnAppId", app_id)
               .option("txnVersion", batch_id)
               .option("userMetadata", json.dumps(dict(metadata), sort_keys=True)))
-    if stats_columns and not _is_delta_table(rows.sparkSession, path):
+    if stats_columns and not lake_store.is_delta_table(path):
         types = {f.name: f.dataType.typeName() for f in rows.schema.fields}
         skippable = [c for c in stats_columns if types.get(c) not in NO_STATISTICS_TYPES]
         writer = writer.option(STATS_COLUMNS_PROPERTY, stats_property(skippable, partition_by))
@@ -100,22 +105,13 @@ def stats_property(columns: Sequence[str], partition_by: Sequence[str]) -> str:
     return ",".join("`" + c.replace("`", "``") + "`" for c in wanted)
 
 
-def _is_delta_table(spark: SparkSession, path: str) -> bool:
-    from delta.tables import DeltaTable
-
-    try:
-        return DeltaTable.isDeltaTable(spark, path)
-    except Exception as exc:
-        raise LakeUnavailableError(f"cannot read the lake at {path}: {jvm_message(exc)}") from exc
-
-
 def _save(writer, path: str, partition_by: Sequence[str], what: str) -> None:
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     try:
         writer.save(path)
     except Exception as exc:
-        raise _lake_error(f"{what} {path} failed", exc) from exc
+        raise lake_error(f"{what} {path} failed", exc) from exc
 
 
 @dataclass(frozen=True)
@@ -141,12 +137,10 @@ def schema_change(spark: SparkSession, path: str, wanted: StructType, table: str
     change lists it and the export rewrites the table first (`widen_columns`). Any other type
     change is a ConfigError naming the column, before anything is written.
     """
-    from delta.tables import DeltaTable
-
     with reaching("reading the schema of", path):
-        if not DeltaTable.isDeltaTable(spark, path):
+        if not lake_store.is_delta_table(path):
             return SchemaChange((), ())
-        current = {f.name: f.dataType for f in DeltaTable.forPath(spark, path).toDF().schema.fields}
+        current = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
     changed = [(f.name, current[f.name], f.dataType) for f in wanted.fields
                if f.name in current and current[f.name] != f.dataType]
     unsafe = [c for c in changed if (c[1].simpleString(), c[2].simpleString()) not in SAFE_WIDENINGS]
@@ -190,26 +184,25 @@ class LakeAheadError(ColdharborError):
             f"written or marked. Rebuild the table's lake state from PostgreSQL with "
             f"`jobs/resync.py --table {table}`")
         self.batch_id = batch_id
+        self.detail = detail
 
 
 def committed_txn_version(spark: SparkSession, path: str, app_id: str) -> int | None:
     """The newest txnVersion Delta recorded for `app_id` (the batch id it skips at or below), or
     None when the table does not exist or never saw that app id."""
-    from delta.tables import DeltaTable
-
-    with reaching("reading the Delta log of", path):
-        if not DeltaTable.isDeltaTable(spark, path):
-            return None
-        jvm = spark.sparkContext._jvm
-        none = jvm.scala.Option.empty()
-        snap = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).update(False, none, none)
-        found = snap.transactions().get(app_id)
-        return int(found.get()) if found.isDefined() else None
+    return lake_store.txn_version(path, app_id)
 
 
 def require_unused_batch_id(spark: SparkSession, path: str, app_id: str, batch_id: int, table: str) -> None:
     """LakeAheadError when Delta would treat `batch_id` as already written (a silent no-op)."""
-    recorded = committed_txn_version(spark, path, app_id)
+    check_batch_id(committed_txn_version(spark, path, app_id), batch_id, table)
+
+
+def check_batch_id(recorded: int | None, batch_id: int, table: str) -> None:
+    """LakeAheadError when `batch_id`, the next one PostgreSQL would use, is at or below `recorded`,
+    the last one Delta committed (`committed_txn_version`): PostgreSQL is behind the lake. The lake's
+    figure must be read before PostgreSQL's: an export records its intent before its commit, so
+    then a batch id the lake holds is always one PostgreSQL has used."""
     if recorded is not None and batch_id <= recorded:
         raise LakeAheadError(table, batch_id, f"its next batch id {batch_id} is at or below the lake's last "
                                               f"committed batch id {recorded}")
@@ -248,14 +241,11 @@ def find_commit_entry(spark: SparkSession, path: str, metadata: Mapping[str, obj
 
 
 def _find_commit_entry(spark: SparkSession, path: str, metadata: Mapping[str, object], depth: int) -> dict | None:
-    from delta.tables import DeltaTable
-
-    if not DeltaTable.isDeltaTable(spark, path):
+    if not lake_store.is_delta_table(path):
         return None
-    table = DeltaTable.forPath(spark, path)
     # The commit is nearly always among the newest few; each history entry is a log file to read.
     for window in sorted({min(RECENT_COMMITS, depth), depth}):
-        history = table.history(window).select("version", "userMetadata", "operationMetrics").collect()
+        history = history_of(spark, path, window).select("version", "userMetadata", "operationMetrics").collect()
         for entry in history:
             if not entry["userMetadata"]:
                 continue
@@ -271,26 +261,38 @@ def _find_commit_entry(spark: SparkSession, path: str, metadata: Mapping[str, ob
     return None
 
 
+def history_of(spark: SparkSession, path: str, limit: int | None = None) -> DataFrame:
+    """The table's Delta history, newest first (`limit` entries), as DESCRIBE HISTORY gives it. The
+    path is a string literal, which Delta resolves itself: no path identifiers (runSQLOnFiles)."""
+    return spark.sql(f"DESCRIBE HISTORY {path_literal(path)}" + (f" LIMIT {int(limit)}" if limit else ""))
+
+
+def path_literal(path: str) -> str:
+    """A lake path as a Spark SQL string literal."""
+    return "'" + path.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def path_identifier(path: str) -> str:
+    """A Delta table named by path where SQL takes only an identifier (ALTER TABLE, MERGE INTO):
+    resolved only while spark.sql.runSQLOnFiles is on, which report sessions keep off."""
+    return "delta.`" + path.replace("`", "``") + "`"
+
+
 def pin_version(spark: SparkSession, path: str) -> int | None:
     """The table's current version (what a report will read AS OF), or None if there is no table yet."""
-    from delta.tables import DeltaTable
-
-    try:
-        if not DeltaTable.isDeltaTable(spark, path):
+    with reaching("reading the Delta history of", path):
+        if not lake_store.is_delta_table(path):
             return None
-        return DeltaTable.forPath(spark, path).history(1).select("version").first()["version"]
-    except Exception as exc:
-        raise LakeUnavailableError(f"cannot read the lake at {path}: {jvm_message(exc)}") from exc
+        return history_of(spark, path, 1).select("version").first()["version"]
 
 
 def commit_time(spark: SparkSession, path: str, version: int) -> datetime:
     """When a version was committed (UTC)."""
-    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     # Epoch seconds: PySpark would hand timestamps back in the Python process's local zone.
     with reaching("reading the Delta history of", path):
-        row = (DeltaTable.forPath(spark, path).history().filter(F.col("version") == version)
+        row = (history_of(spark, path).filter(F.col("version") == version)
                .select(F.col("timestamp").cast("double").alias("epoch")).first())
     if row is None:
         raise LakeUnavailableError(f"version {version} of {path} is not in its Delta history")
@@ -310,37 +312,6 @@ def files_gone(exc: Exception) -> bool:
     text = str(exc)
     return any(marker in text for marker in ("FileNotFoundException", "FILE_NOT_FOUND", "DELTA_FILE_NOT_FOUND",
                                              "VERSION_NOT_FOUND", "does not exist"))
-
-
-def read_text(spark: SparkSession, path: str) -> str | None:
-    """A small file on the lake's file system (any Hadoop URI), or None if it is not there."""
-    jvm = spark.sparkContext._jvm
-    with reaching("reading", path):
-        hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-        fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-        if not fs.exists(hadoop_path):
-            return None
-        stream = fs.open(hadoop_path)
-        try:
-            return jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-        finally:
-            stream.close()
-
-
-def write_text(spark: SparkSession, path: str, text: str) -> None:
-    """Replaces a small file on the lake's file system: written aside, then renamed over."""
-    jvm = spark.sparkContext._jvm
-    with reaching("writing", path):
-        hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-        fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-        staged = jvm.org.apache.hadoop.fs.Path(path + ".tmp")
-        out = fs.create(staged, True)
-        try:
-            out.write(bytearray(text.encode("utf-8")))
-        finally:
-            out.close()
-        fs.delete(hadoop_path, False)
-        fs.rename(staged, hadoop_path)
 
 
 @dataclass(frozen=True)
@@ -367,27 +338,16 @@ class LakeSnapshot:
 def snapshot(spark: SparkSession, path: str) -> LakeSnapshot | None:
     """The current version of a Delta table and its live files, or None if there is no table.
 
-    Read from the Delta log through the JVM (the Python API has no per-file listing); the
-    statistics give each file's largest batch id without opening it.
+    Read from the Delta log (Spark's SQL has no per-file listing); the statistics give each file's
+    largest batch id without opening it.
     """
-    from delta.tables import DeltaTable
-    from pyspark.sql import DataFrame as PyDataFrame
-
-    with reaching("reading the Delta log of", path):
-        if not DeltaTable.isDeltaTable(spark, path):
-            return None
-        jvm = spark.sparkContext._jvm
-        none = jvm.scala.Option.empty()
-        log_ = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-        snap = log_.update(False, none, none)
-        rows = PyDataFrame(snap.allFiles().toDF(), spark).select("path", "partitionValues", "size", "stats").collect()
-    files = []
-    for row in rows:
-        stats = json.loads(row["stats"]) if row["stats"] else {}
-        files.append(LakeFile(path=row["path"], partition=tuple(sorted((row["partitionValues"] or {}).items())),
-                              size=row["size"], records=stats.get("numRecords"),
-                              max_batch_id=stats.get("maxValues", {}).get("_ch_batch_id")))
-    return LakeSnapshot(version=snap.version(), files=tuple(files))
+    found = lake_store.live_files(path)
+    if found is None:
+        return None
+    version, files = found
+    return LakeSnapshot(version=version, files=tuple(
+        LakeFile(path=f["path"], partition=tuple(sorted(f["partition"].items())), size=f["size"],
+                 records=f["records"], max_batch_id=f["max_batch_id"]) for f in files))
 
 
 def jvm_message(exc: Exception) -> str:

@@ -24,17 +24,17 @@ import argparse
 import json
 import logging
 import sys
+import uuid
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
-from pathlib import PurePosixPath
 
 import psycopg
 from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor import hot_reader, lake, maintenance_runs, pg, purge_predicate, registry, settings
+from coldharbor import hot_reader, lake, lake_store, maintenance_runs, pg, purge_predicate, registry, settings
 from coldharbor.cleanup import DELTA_GUARD_HOURS, check_retention, vacuum_files
 from coldharbor.errors import LakeUnavailableError, TableBusyError
 from coldharbor.job_main import run_job
@@ -212,17 +212,21 @@ def _as_lake_value(column: LakeColumn) -> sql.Composable:
 def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], keys: list[tuple],
                   predicate: Predicate, config: PurgeConfig) -> tuple[int, int]:
     """One Delta commit: every version of the purged keys, and every other matching live version."""
-    from delta.tables import DeltaTable
-
-    key_schema = ", ".join(f"`{k}` {schema[k].dataType.simpleString()}" for k in key_names)
-    source = spark.createDataFrame(keys, key_schema)
-    on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in key_names)
+    key_schema = ", ".join(f"{_quoted(k)} {schema[k].dataType.simpleString()}" for k in key_names)
+    source = f"_ch_purge_keys_{uuid.uuid4().hex}"
+    spark.createDataFrame(keys, key_schema).createOrReplaceTempView(source)
+    on = " AND ".join(f"t.{_quoted(k)} <=> s.{_quoted(k)}" for k in key_names)
     metadata = json.dumps({"operation": "coldharbor-purge", "run_id": config.run_id, "predicate": predicate.text})
-    with temporary_conf(spark, {"spark.databricks.delta.commitInfo.userMetadata": metadata}):
-        (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), on)
-         .whenMatchedDelete()
-         .whenNotMatchedBySourceDelete(condition=_live_match(predicate))
-         .execute())
+    # MERGE names its target by path only as an identifier: path identifiers are on for this
+    # statement alone (a purge runs no report SQL).
+    merge_conf = {"spark.databricks.delta.commitInfo.userMetadata": metadata, "spark.sql.runSQLOnFiles": "true"}
+    try:
+        with temporary_conf(spark, merge_conf):
+            spark.sql(f"MERGE INTO {lake.path_identifier(path)} AS t USING {source} AS s ON {on} "
+                      f"WHEN MATCHED THEN DELETE "
+                      f"WHEN NOT MATCHED BY SOURCE AND ({_live_match(predicate)}) THEN DELETE").collect()
+    finally:
+        spark.catalog.dropTempView(source)
     entry = lake.find_commit_entry(spark, path, {"operation": "coldharbor-purge", "run_id": config.run_id})
     if entry is None:
         raise LakeUnavailableError(f"the purge commit of {path} is not in its Delta history")
@@ -259,28 +263,14 @@ def verify(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
             return rows.filter(F.coalesce(hit, F.lit(False))).count()
 
         remaining["lake_current_rows"] = matches(spark.read.format("delta").load(path))
-        files = _data_files(spark, path)
+        files = lake_store.data_files(path)
         remaining["lake_rows_in_kept_files"] = matches(spark.read.option("mergeSchema", "true").parquet(*files)) \
             if files else 0
     return remaining
 
 
-def _data_files(spark: SparkSession, path: str) -> list[str]:
-    """Every Parquet file under the table folder outside _delta_log, referenced or not."""
-    jvm = spark.sparkContext._jvm
-    root = jvm.org.apache.hadoop.fs.Path(path)
-    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    found = []
-    listing = fs.listFiles(root, True)
-    while listing.hasNext():
-        status = listing.next()
-        name = status.getPath().toString()
-        relative = PurePosixPath(name[len(root.toString()):].lstrip("/"))
-        if relative.parts and relative.parts[0] == "_delta_log":
-            continue
-        if relative.suffix == ".parquet" and status.getLen() > 0:
-            found.append(name)
-    return found
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
 def parse_args(argv: list[str]) -> PurgeConfig:

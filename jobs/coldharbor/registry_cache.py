@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from pyspark.sql import SparkSession
 
-from coldharbor import lake
+from coldharbor import lake_store
 from coldharbor.errors import PostgresUnavailableError
 from coldharbor.registry import LakeColumn, RegisteredTable
 
@@ -22,14 +22,14 @@ def save(spark: SparkSession, lake_root: str, tables: Sequence[tuple[RegisteredT
                                             t.lake_location, list(t.partition_by), list(t.sort_by)],
                                   "columns": [[c.name, c.pg_type, c.lake_type, c.key_position] for c in columns]}
                for t, columns in tables}
-    current = lake.read_text(spark, cache_path(lake_root))
+    current = lake_store.read_text(cache_path(lake_root))
     merged = {**(json.loads(current) if current else {}), **entries}
     if merged != (json.loads(current) if current else None):
-        lake.write_text(spark, cache_path(lake_root), json.dumps(merged, sort_keys=True))
+        lake_store.write_text(cache_path(lake_root), json.dumps(merged, sort_keys=True))
 
 
 def load(spark: SparkSession, lake_root: str) -> tuple[list[RegisteredTable], dict[int, list[LakeColumn]]]:
-    text = lake.read_text(spark, cache_path(lake_root))
+    text = lake_store.read_text(cache_path(lake_root))
     if text is None:
         raise PostgresUnavailableError("PostgreSQL is unreachable and the lake holds no registry copy yet "
                                        f"({cache_path(lake_root)}); a best-effort report needs one earlier run")

@@ -58,7 +58,7 @@ def resync_table(spark, conn, jdbc: pg.JdbcTarget, table: registry.RegisteredTab
         path = table.lake_path(config.lake_root)
         recover_pending(spark, conn, table, path, abandon_foreign=True)
         # A table whose initial load is still pending gets exactly that: its first base.
-        kind = "load" if base_load.load_state(conn, table.table_id).pending else "resync"
+        kind = base_load.load_state(conn, table.table_id).base_kind
         return base_load.write_base(spark, conn, jdbc, table, registry.lake_columns(conn, table), path, kind,
                                     config.run_id)
 

@@ -70,6 +70,13 @@ def pin_versions(spark: SparkSession, tables: Sequence[RegisteredTable], lake_ro
     return {t.table_id: lake.pin_version(spark, t.lake_path(lake_root)) for t in tables}
 
 
+def lake_batch_ids(spark: SparkSession, tables: Sequence[RegisteredTable], lake_root: str) -> dict[int, int | None]:
+    """After the pins, before the PostgreSQL snapshot: the last batch id the lake committed per
+    table, which the snapshot must have used (`hot_snapshot.lake_ahead`)."""
+    return {t.table_id: lake.committed_txn_version(spark, t.lake_path(lake_root), lake.export_app_id(t.table_id))
+            for t in tables}
+
+
 def check_as_of(as_of: datetime, snapshot: HotSnapshot, window: timedelta) -> None:
     """An as-of read is exact only inside the history window and before the oldest change the
     pinned lake versions lack."""
@@ -80,6 +87,9 @@ def check_as_of(as_of: datetime, snapshot: HotSnapshot, window: timedelta) -> No
                           f"{window.total_seconds() / 3600:g} hours; the oldest time a report can be asked for "
                           f"is {(snapshot.taken_at - window).isoformat()}")
     for hot in snapshot.tables.values():
+        if hot.lake_ahead:
+            raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {hot.table.qualified_name}: the "
+                              f"lake's history is not PostgreSQL's: {hot.lake_ahead}")
         if hot.load_pending:
             raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {hot.table.qualified_name}: its "
                               "initial load has not landed in the lake yet; retry after the next export")
@@ -194,7 +204,8 @@ def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, confi
     hot_only = False
     try:
         pinned = pin_versions(spark, checked.tables, config.lake_root)
-        snapshot = hot_snapshot.read(conn, pinned, checked.tables)
+        snapshot = hot_snapshot.read(conn, pinned, checked.tables,
+                                     lake_batches=lake_batch_ids(spark, checked.tables, config.lake_root))
     except LakeUnavailableError as exc:
         if config.mode == "strict" or config.as_of is not None:
             raise
@@ -208,9 +219,10 @@ def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, confi
     record.lake_versions = {h.table.qualified_name: pinned[i] for i, h in snapshot.tables.items()}
     record.dirty_rows = {h.table.qualified_name: (0 if h.hot_only else h.images.num_rows)
                          for h in snapshot.tables.values()}
-    record.served_from_postgres = sorted(h.table.qualified_name for h in snapshot.tables.values() if h.load_pending)
+    record.served_from_postgres = sorted(h.table.qualified_name for h in snapshot.tables.values()
+                                         if h.load_pending or h.lake_ahead)
     if record.served_from_postgres:
-        log.info("served from PostgreSQL alone until their initial load lands: %s",
+        log.info("served from PostgreSQL alone until their initial load lands or their lake is resynced: %s",
                  ", ".join(record.served_from_postgres))
     if hot_only:
         record.degraded, record.missing_tier = True, "lake"

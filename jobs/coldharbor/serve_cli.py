@@ -10,9 +10,11 @@ import psycopg
 
 from coldharbor import hot_reader, pg, registry, registry_cache, report_runs, report_spec, settings
 from coldharbor.errors import ColdharborError, PostgresUnavailableError, ReportError
+from coldharbor.job_main import configure_logging
 from coldharbor.report_runs import RunRecord
 from coldharbor.serve import (MODES, ServeConfig, default_run_id, history_window, serve, serve_lake_only,
                               validate_report)
+from coldharbor.spark import lost_spark
 
 log = logging.getLogger("coldharbor.serve_report")
 
@@ -134,8 +136,18 @@ def refusal(argv: list[str], dsn: str) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    """Runs one report; exit 0 served, 2 refused or a tier lost (one line), 1 an unforeseen failure.
+    The Spark Connect session it opened is released."""
+    from coldharbor.spark import release_sessions
+
+    configure_logging()
+    try:
+        return _main(argv)
+    finally:
+        release_sessions()
+
+
+def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)  # a malformed command line exits 2 here
     report_name = args.report or "adhoc"
     record = RunRecord(args.run_id or default_run_id(report_name), report_name, args.target,
@@ -178,7 +190,8 @@ def main(argv: list[str]) -> int:
         log.error("serve_report failed (run %s): lost PostgreSQL: %s", record.run_id, exc)
         return 2
     except Exception as exc:  # recorded, then shown whole: this is a bug or an unforeseen failure
-        lost = pg.lost_postgres(exc)  # ...unless a Spark JDBC reader or writer lost PostgreSQL
+        # ...unless a Spark JDBC reader or writer lost PostgreSQL, or the Spark Connect server is gone
+        lost = pg.lost_postgres(exc) or lost_spark(exc)
         if lost is not None:
             _record_failure(conn, record, str(lost))
             log.error("serve_report failed (run %s): %s", record.run_id, lost)

@@ -6,6 +6,7 @@ Secrets (the PostgreSQL DSN) have no default: a missing one fails loudly.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from coldharbor.errors import ConfigError
@@ -109,16 +110,54 @@ def reports_dir() -> Path:
 
 
 def history_window_hours() -> float:
-    raw = os.environ.get(HISTORY_WINDOW_ENV)
+    return number_setting(HISTORY_WINDOW_ENV, DEFAULT_HISTORY_WINDOW_HOURS, "hours", lambda hours: hours > 0,
+                          "a positive number of hours")
+
+
+def number_setting(name: str, default: float, unit: str, accept: Callable[[float], bool], rule: str) -> float:
+    """The environment's number `name`, or `default` when unset; ConfigError naming it when it is not
+    a number of `unit`, or one `accept` refuses (`rule` says which are accepted)."""
+    raw = os.environ.get(name)
     if raw is None:
-        return DEFAULT_HISTORY_WINDOW_HOURS
+        return default
     try:
-        hours = float(raw)
+        value = float(raw)
     except ValueError:
-        raise ConfigError(f"{HISTORY_WINDOW_ENV}={raw!r} is not a number of hours") from None
-    if not hours > 0:
-        raise ConfigError(f"{HISTORY_WINDOW_ENV} must be a positive number of hours, not {raw!r}")
-    return hours
+        raise ConfigError(f"{name}={raw!r} is not a number of {unit}") from None
+    if not accept(value):
+        raise ConfigError(f"{name} must be {rule}, not {raw!r}")
+    return value
+
+
+SPARK_REMOTE_ENV = "COLDHARBOR_SPARK_REMOTE"
+SPARK_REMOTE_WAIT_ENV = "COLDHARBOR_SPARK_REMOTE_WAIT_SECONDS"
+# How long a Connect client keeps retrying an unreachable server before the job fails (one line,
+# exit 2): a scheduled job fails fast and is retried by its scheduler rather than hanging.
+DEFAULT_SPARK_REMOTE_WAIT_S = 15.0
+JDBC_READERS_ENV = "COLDHARBOR_JDBC_READERS"
+
+
+def spark_remote() -> str | None:
+    """The Spark Connect server the jobs use (COLDHARBOR_SPARK_REMOTE), or None: a classic session."""
+    url = os.environ.get(SPARK_REMOTE_ENV, "").strip()
+    if not url:
+        return None
+    if not url.startswith("sc://"):
+        raise ConfigError(f"{SPARK_REMOTE_ENV} must be a Spark Connect URL such as sc://127.0.0.1:15002, not {url!r}")
+    return url
+
+
+def spark_remote_wait_seconds() -> float:
+    return number_setting(SPARK_REMOTE_WAIT_ENV, DEFAULT_SPARK_REMOTE_WAIT_S, "seconds",
+                          lambda seconds: 0 <= seconds <= 3600, "between 0 and 3600 seconds")
+
+
+def jdbc_readers() -> int | None:
+    """COLDHARBOR_JDBC_READERS: the JDBC readers of one PostgreSQL read, or None (Spark's default
+    parallelism)."""
+    readers = number_setting(JDBC_READERS_ENV, 0, "readers", lambda n: n in range(1, 1025),
+                             "a whole number from 1 to 1024")
+    return int(readers) or None
 
 
 REPORT_LEASE_ENV = "COLDHARBOR_REPORT_LEASE_SECONDS"

@@ -39,7 +39,7 @@ def write_postgres(result: DataFrame, conn: psycopg.Connection, jdbc: JdbcTarget
         (result.write.format("jdbc").options(**jdbc.options())
          .option("dbtable", f'{REPORTS_SCHEMA}."{stage}"')
          .option("batchsize", JDBC_WRITE_BATCH)
-         .mode("errorifexists").save())
+         .mode("error").save())  # error if it exists; the Connect client knows only this spelling
         faults.from_environment("report_after_stage")
         rows = report_tables.swap_in(conn, stage, target)
     except BaseException:
@@ -63,14 +63,12 @@ def delta_path(lake_root: str, target: str) -> str:
 
 def write_delta(result: DataFrame, path: str, metadata: Mapping[str, object]) -> int:
     """Overwrites the Delta report table in one commit; returns the rows it wrote."""
-    from delta.tables import DeltaTable
-
     try:
         (result.write.format("delta").mode("overwrite")
          .option("overwriteSchema", "true")
          .option("userMetadata", json.dumps(dict(metadata), sort_keys=True, default=str))
          .save(path))
-        metrics = DeltaTable.forPath(result.sparkSession, path).history(1).first()["operationMetrics"]
+        metrics = lake.history_of(result.sparkSession, path, 1).first()["operationMetrics"]
     except Exception as exc:
         if lake.files_gone(exc):
             raise

@@ -1,22 +1,28 @@
-"""The SparkSession every job uses: Delta enabled, UTC, jars resolved from Maven Central once."""
+"""The SparkSession every job uses: Delta enabled, UTC, jars resolved from Maven Central once.
+
+A job runs on a classic session (spark-submit, or plain `python` starting its own JVM) or, when
+COLDHARBOR_SPARK_REMOTE names a Spark Connect server (`sc://127.0.0.1:15002`), as a thin client
+of that long-lived server: the same DataFrame/SQL code either way.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import sys
+import threading
+import weakref
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 
 from coldharbor import settings
+from coldharbor.errors import ColdharborError, SparkUnavailableError
 
-# Knobs with their defaults; each can be overridden by spark-submit --conf or the environment.
-DEFAULT_CONF = {
-    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+# Settings a session may change for itself: every job sets them on its own session, so a Connect
+# server started by anyone gives each job the same behaviour.
+SESSION_CONF = {
     "spark.sql.session.timeZone": "UTC",
-    "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
-    "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     "spark.sql.shuffle.partitions": os.environ.get("COLDHARBOR_SHUFFLE_PARTITIONS", "4"),
-    "spark.ui.enabled": "false",
     # Reports must not read arbitrary files from SQL (SELECT * FROM parquet.`/etc/...`).
     "spark.sql.runSQLOnFiles": "false",
     # ...nor substitute ${var}, ${system:...} or ${env:...} into SQL text after it was checked.
@@ -34,6 +40,21 @@ DEFAULT_CONF = {
     "spark.sql.sources.parallelPartitionDiscovery.parallelism":
         os.environ.get("COLDHARBOR_LISTING_PARALLELISM", "8"),
 }
+
+# Settings fixed when the JVM starts: spark-submit's (or the Connect server's launch) conf.
+SERVER_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.ui.enabled": "false",
+}
+
+# Knobs with their defaults; each can be overridden by spark-submit --conf or the environment.
+DEFAULT_CONF = {**SERVER_CONF, **SESSION_CONF}
+
+REMOTE_ENV = settings.SPARK_REMOTE_ENV
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
 def maven_packages() -> list[str]:
@@ -63,6 +84,29 @@ def session_conf(master: str | None = None) -> dict[str, str]:
     return conf
 
 
+def connect_server_command(port: int, master: str = "local[2]", host: str = "127.0.0.1",
+                           extra_conf: Mapping[str, str] | None = None) -> list[str]:
+    """The spark-submit argv that starts a Spark Connect server the jobs can use: Delta, the JDBC
+    driver and every setting of `session_conf` (the session ones become each session's defaults),
+    listening on host:port only. `extra_conf` adds settings (the s3a ones for a lake on S3).
+    Run it with SPARK_LOCAL_IP set and this environment's bin first on PATH (its Python runs the
+    server's Python workers)."""
+    conf = {k: v for k, v in session_conf().items() if k != "spark.jars.packages"}
+    conf.update({"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port),
+                 **(extra_conf or {})})
+    command = [spark_submit(), "--class", CONNECT_SERVER_CLASS, "--master", master,
+               "--packages", ",".join(maven_packages())]
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    return [*command, "spark-internal"]
+
+
+def spark_submit() -> str:
+    """spark-submit of the PySpark installed beside this Python (the one its jars match)."""
+    beside = Path(sys.executable).parent / "spark-submit"
+    return str(beside) if beside.exists() else "spark-submit"
+
+
 @contextmanager
 def temporary_conf(spark, values: dict[str, str]) -> Iterator[None]:
     """Session settings for the duration of one block, restored (or unset) afterwards."""
@@ -80,9 +124,16 @@ def temporary_conf(spark, values: dict[str, str]) -> Iterator[None]:
 
 
 def get_session(app_name: str):
-    """The job's session. Under spark-submit the submitted conf wins and only missing keys are
-    filled in; run directly (tests, `python jobs/x.py`) it starts `COLDHARBOR_SPARK_MASTER`.
+    """The job's session. With COLDHARBOR_SPARK_REMOTE, a new session of its own on that Spark
+    Connect server (its temp views, settings and checkpoints are its own). Under spark-submit the
+    submitted conf wins and only missing keys are filled in; run directly (tests, `python
+    jobs/x.py`) it starts `COLDHARBOR_SPARK_MASTER`.
     """
+    url = settings.spark_remote()
+    if url is not None:
+        spark = connect_session(url, app_name)
+        _opened.__dict__.setdefault("sessions", []).append(spark)
+        return spark
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
@@ -100,3 +151,111 @@ def get_session(app_name: str):
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+# The Connect sessions get_session opened, per thread, until release_sessions().
+_opened = threading.local()
+
+
+def release_sessions() -> None:
+    """Releases the Spark Connect sessions this thread opened with get_session: the server drops
+    their temp views, settings and checkpoints now rather than after its idle timeout. Best effort,
+    without retrying: the server may be the thing that was lost."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    sessions, _opened.sessions = _opened.__dict__.get("sessions", []), []
+    for spark in sessions:
+        spark.client.set_retry_policies([DefaultPolicy(max_retries=0)])
+        spark.stop()
+
+
+def connect_session(url: str, app_name: str):
+    """A new Spark Connect session on the server at `url`, with the jobs' session settings; an
+    unreachable server is a SparkUnavailableError after at most COLDHARBOR_SPARK_REMOTE_WAIT_SECONDS."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    wait_s = settings.spark_remote_wait_seconds()
+    # The job's name travels as the client's user agent (the server's log and UI show it).
+    named = url if "user_agent=" in url else f"{url.rstrip('/')}{';' if '/;' in url else '/;'}user_agent={app_name}"
+    # PySpark's own builder (not the Connect module's) also switches pyspark.sql.functions and the
+    # other shared entry points to their Connect forms for this process.
+    spark = SparkSession.builder.remote(named).create()
+    spark.client.set_retry_policies([DefaultPolicy(**_retry_budget(wait_s))])
+    try:
+        for key, value in SESSION_CONF.items():
+            spark.conf.set(key, value)
+    except Exception as exc:
+        raise lost_spark(exc) or SparkUnavailableError(
+            f"the Spark Connect server at {url} refused the session: {_first_line(exc)}") from exc
+    return spark
+
+
+def _retry_budget(wait_s: float) -> dict[str, float | int]:
+    """DefaultPolicy arguments whose backoffs (0.2 s doubling up to 2 s) add up to about `wait_s`."""
+    retries, total, backoff = 0, 0.0, 0.2
+    while total + backoff <= wait_s:
+        total += backoff
+        retries += 1
+        backoff = min(backoff * 2, 2.0)
+    return {"max_retries": retries, "initial_backoff": 200, "backoff_multiplier": 2.0, "max_backoff": 2000,
+            "jitter": 0, "min_jitter_threshold": 2000}
+
+
+# What the Connect client says when the server is gone: its gRPC status (retried until the budget
+# ran out), or a server restarted since the session was opened (it knows the session no longer).
+_LOST_SERVER_MARKERS = ("StatusCode.UNAVAILABLE", "RETRIES_EXCEEDED", "INVALID_HANDLE.SESSION_NOT_FOUND",
+                        "INVALID_HANDLE.SESSION_CHANGED")
+
+
+def lost_spark(exc: BaseException) -> ColdharborError | None:
+    """The one-line error for a job whose Spark Connect server is unreachable or was restarted,
+    or None when the failure is something else (a classic session never has this cause)."""
+    url = os.environ.get(REMOTE_ENV)
+    if not url:
+        return None
+    chain = _causes(exc)
+    if any(isinstance(e, SparkUnavailableError) for e in chain):
+        return next(e for e in chain if isinstance(e, SparkUnavailableError))
+    if not any(marker in f"{e!r} {e}" for e in chain for marker in _LOST_SERVER_MARKERS):
+        return None
+    import grpc
+
+    details = [str(e.details()) for e in chain
+               if isinstance(e, grpc.RpcError) and callable(getattr(e, "details", None))]
+    why = details[0] if details else _first_line(exc)
+    return SparkUnavailableError(f"the Spark Connect server at {url} is unreachable or was restarted ({why[:300]}); "
+                                 "start it (`make run`) and run the job again")
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 10:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+_parallelism_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def parallelism(spark) -> int:
+    """How many tasks the session runs at once (Spark's default parallelism), which is how many JDBC
+    readers share a read; COLDHARBOR_JDBC_READERS overrides it. Asked of Spark with a query, not of
+    its SparkContext, which a Connect client does not have; once per session."""
+    configured = settings.jdbc_readers()
+    if configured:
+        return configured
+    if spark not in _parallelism_seen:
+        from pyspark.sql import functions as F
+
+        # range() without a partition count splits into the default parallelism; each gets a row.
+        last = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("part")).agg(F.max("part")).first()[0]
+        _parallelism_seen[spark] = max(1, int(last) + 1)
+    return _parallelism_seen[spark]

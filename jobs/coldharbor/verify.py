@@ -7,7 +7,8 @@ when it is a number, date or timestamp (bounds from PostgreSQL's min and max, re
 key's index), else hash buckets of the key -- and each chunk's row count and XOR of row hashes are
 compared. Only when a chunk differs is it read again, to name sample keys and what is wrong.
 
-Exit codes: 0 in sync, 1 differences found, 2 refused (unknown table, a tier unreachable).
+Exit codes: 0 in sync, 1 differences found, 2 refused (unknown table, a tier unreachable, a value the
+lake cannot hold exactly, see `lake_values`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from psycopg import sql
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor import base_load, hot_snapshot, lake, maintenance_runs, pg, registry, settings, table_reader
+from coldharbor import (base_load, hot_snapshot, lake, lake_values, maintenance_runs, pg, registry, settings,
+                        table_reader)
 from coldharbor.errors import ConfigError, LakeUnavailableError
 from coldharbor.job_main import one_table, run_job
 from coldharbor.registry import LakeColumn, RegisteredTable
@@ -37,6 +39,10 @@ DEFAULT_CHUNKS = 16
 SAMPLE_KEYS = 10
 EXIT_DIFFERENT = 1
 RANGE_TYPES = ("SHORT", "INT", "LONG", "FLOAT", "DOUBLE", "DATE", "TIMESTAMP", "TIMESTAMP_NTZ")
+# Verify reads PostgreSQL through the export's JDBC reader: such a value would be converted the same
+# way on both sides and compare equal however the lake holds it.
+VERIFY_REFUSED = ("the table cannot be verified until the value is changed (a lake exported before such values were "
+                  "refused may hold it moved or clamped); change it: the next export carries the change")
 
 
 @dataclass(frozen=True)
@@ -152,7 +158,11 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
                  config: VerifyConfig) -> VerifyResult:
     from coldharbor.serve import table_view
 
-    if base_load.load_state(conn, table.table_id).pending:
+    state = base_load.load_state(conn, table.table_id)
+    if state.rebase_pending:
+        raise ConfigError(f"{table.qualified_name} cannot be verified yet: its lake rows are being rebuilt from "
+                          f"PostgreSQL ({state.rebase_reason}); the next export writes the new base")
+    if state.pending:
         raise ConfigError(f"{table.qualified_name} cannot be verified yet: its initial load has not landed "
                           "(the next export writes it)")
     registry.require_privileges(conn, table)
@@ -165,6 +175,7 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         registry.guard_read(conn, table)  # before the snapshot
         snapshot = table_reader.export_snapshot(conn, table)
+        lake_values.refuse_in_table(conn, table, columns, VERIFY_REFUSED)  # before any reader converts one
         hot = hot_snapshot.read_in_transaction(conn, {table.table_id: version}, [table]).tables[table.table_id]
         chunk = chunk_expr(conn, table, columns, config.chunks)
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)

@@ -56,6 +56,9 @@ def _lake_path(row: dict[str, Any]) -> str | None:
 
 def _load_cell(row: dict[str, Any]) -> str:
     """Pending (reports serve the table from PostgreSQL alone), or what the load read and when."""
+    if row.get("load_state") == "pending" and row.get("rebase_reason"):
+        return (f'<span class="bad">rebuilding from PostgreSQL ({_cell(row["rebase_reason"])}): served from '
+                'PostgreSQL until the next export writes its new base</span>')
     if row.get("load_state") == "pending":
         return '<span class="bad">pending: served from PostgreSQL until the next export loads it</span>'
     if row.get("loaded_at") is None:

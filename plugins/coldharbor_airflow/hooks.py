@@ -130,7 +130,7 @@ class ColdharborHook(BaseHook):
                        c.finished_at AS last_compaction_at, c.state AS last_compaction_state,
                        c.detail AS last_compaction_detail,
                        k.finished_at AS last_cleanup_at, k.state AS last_cleanup_state,
-                       t.load_state, t.loaded_at, t.base_rows, t.base_at,
+                       t.load_state, t.loaded_at, t.base_rows, t.base_at, t.rebase_reason,
                        v.finished_at AS last_verify_at, v.state AS last_verify_state,
                        v.detail ->> 'result' AS last_verify_result
                   FROM coldharbor.tables t

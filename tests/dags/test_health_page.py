@@ -192,3 +192,18 @@ def test_the_page_shows_each_tables_initial_load_and_last_verify(airflow_home, s
     assert table_cells(page, in_sync)[-1].startswith("in sync at ")
     assert "differences found at " in table_cells(page, drifted)[-1]
     assert "id=31" not in page and lake_root not in page
+
+
+def test_a_table_being_rebuilt_shows_why_with_its_column_names_escaped(airflow_home, pg_conn, table_name):
+    """A rebase (sql/014) names the column it is about; a column name is the table owner's text."""
+    from coldharbor_airflow import health_page
+
+    pg_conn.execute(f'CREATE TABLE {table_name} (id bigint PRIMARY KEY, "<b>x</b>" text)')
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    pg_conn.execute(f"""UPDATE coldharbor.tables SET load_state = 'loaded'
+                         WHERE table_name = '{table_name}'""")  # as if its initial load had landed
+    pg_conn.execute(f'ALTER TABLE {table_name} RENAME COLUMN "<b>x</b>" TO y')
+    page = health_page.build_page()
+    assert "rebuilding from PostgreSQL (column &quot;&lt;b&gt;x&lt;/b&gt;&quot; was renamed to y)" in page
+    assert "<b>x</b>" not in page

@@ -290,13 +290,14 @@ EDGE_ROWS = [
     (4, "1582-10-15", "1582-10-04 23:59:59.999999", "1900-01-01 00:00+01:23:45", "-0.5", "\t\n\r"),
 ]
 # Values the lake cannot hold exactly, each in a table of its own among good ones.
-UNREPRESENTABLE = [("d", "infinity"), ("ts", "-infinity"), ("tz", "0044-03-15 12:00+00 BC"), ("d", "1582-10-10")]
+UNREPRESENTABLE = [("d", "infinity"), ("ts", "-infinity"), ("tz", "0044-03-15 12:00+00 BC"), ("d", "1582-10-10"),
+                   ("n", "NaN")]
 
 
 def test_edge_values_load_exactly_and_one_table_the_lake_cannot_hold_fails_alone(spark, pg_dsn, pg_conn, lake_root):
     """A date or timestamp outside what the lake holds (infinity, BC, the ten days of 1582 the JDBC
-    calendar lacks) failed the Delta write, or landed ten days on, and failed every other table of
-    the run with it. Now that table alone is refused, naming column and value, and stays pending."""
+    calendar lacks) or a numeric NaN failed the Delta write, or landed ten days on, and failed every
+    other table of the run with it. Now that table alone is refused, naming column and value, and stays pending."""
     good = f"t_{uuid.uuid4().hex[:10]}"
     bad = [f"t_{uuid.uuid4().hex[:10]}" for _ in UNREPRESENTABLE]
     for name in [good, *bad]:

@@ -195,3 +195,60 @@ def test_an_application_writes_entities_only_through_the_helpers(app_logins, ent
                                  "AND table_name = %s", (entity,)).fetchone()
     assert pg_conn.execute("SELECT op FROM coldharbor.change_log WHERE table_id = %s AND key = %s ORDER BY id",
                            (table_id, psycopg.types.json.Jsonb({"row_id": str(row_id)}))).fetchall() == [("I",), ("D",)]
+
+
+@pytest.fixture()
+def tiered(app_logins) -> tuple[str, psycopg.Connection]:
+    """An application's tiered, partitioned table holding rows, registered by it: (qualified name, connection)."""
+    schema, dsn = app_logins()
+    with pg.connect(dsn) as conn:
+        conn.execute(f"CREATE TABLE {schema}.events (k int, id int, v text, PRIMARY KEY (k, id)) PARTITION BY LIST (k)")
+        conn.execute(f"CREATE TABLE {schema}.events_1 PARTITION OF {schema}.events FOR VALUES IN (1)")
+        conn.execute(f"CREATE TABLE {schema}.events_2 PARTITION OF {schema}.events FOR VALUES IN (2) PARTITION BY LIST (id)")
+        conn.execute(f"CREATE TABLE {schema}.events_2_all PARTITION OF {schema}.events_2 DEFAULT")
+        conn.execute(f"INSERT INTO {schema}.events VALUES (1, 1, 'a'), (2, 1, 'b')")
+        conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => '1 day')", (f"{schema}.events",))
+        conn.execute(f"CREATE FUNCTION {schema}.nothing() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END'")
+        yield f"{schema}.events", conn
+
+
+@pytest.mark.parametrize("ddl, refused", [
+    ("DROP TRIGGER coldharbor_evict_guard ON {t}", "cannot drop trigger coldharbor_evict_guard on {t}"),
+    ("ALTER TABLE {t} DISABLE TRIGGER coldharbor_evict_guard", "cannot disable trigger coldharbor_evict_guard on {t}"),
+    ("ALTER TABLE {t} ENABLE REPLICA TRIGGER coldharbor_evict_guard", "cannot disable trigger coldharbor_evict_guard"),
+    ("ALTER TRIGGER coldharbor_evict_guard ON {t} RENAME TO gone", "cannot change trigger gone on {t}"),
+    ("CREATE OR REPLACE TRIGGER coldharbor_evict_guard BEFORE UPDATE OR DELETE ON {t} FOR EACH STATEMENT "
+     "EXECUTE FUNCTION {s}.nothing()", "cannot change trigger coldharbor_evict_guard on {t}"),
+    ("DROP TRIGGER coldharbor_evict_guard ON {t}_2_all", "cannot drop trigger coldharbor_evict_guard on {t}_2_all"),
+    ("ALTER TABLE {t}_1 DISABLE TRIGGER ALL", "cannot disable trigger"),
+    ("DROP TRIGGER coldharbor_capture_del ON {t}_2", "cannot drop trigger coldharbor_capture_del on {t}_2"),
+    ("ALTER TABLE {t}_2_all DISABLE TRIGGER coldharbor_capture_upd", "cannot disable trigger coldharbor_capture_upd"),
+    ("CREATE OR REPLACE TRIGGER coldharbor_capture_ins AFTER INSERT ON {t}_1 FOR EACH STATEMENT "
+     "EXECUTE FUNCTION {s}.nothing()", "cannot change trigger coldharbor_capture_ins on {t}_1"),
+    ("DROP TABLE {t}_2_all", "cannot drop table {t}_2_all: it is a partition of {t}"),
+])
+def test_the_table_owner_cannot_stop_the_eviction_guard_or_the_capture_of_a_partition(tiered, pg_conn, ddl, refused):
+    name, conn = tiered
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match=refused.format(t=name)):
+        conn.execute(ddl.format(t=name, s=name.split(".")[0]))
+    guards = pg_conn.execute("""SELECT tgrelid::regclass::text, tgenabled FROM pg_trigger
+                                 WHERE tgname = 'coldharbor_evict_guard' AND tgfoid = 'coldharbor.evict_guard'::regproc
+                                   AND tgrelid::regclass::text LIKE %s ORDER BY 1""", (name + "%",)).fetchall()
+    assert guards == [(name, "O"), (f"{name}_1", "O"), (f"{name}_2", "O"), (f"{name}_2_all", "O")]
+    conn.execute(f"DELETE FROM {name}_2_all WHERE id = 1")
+    conn.execute(f"TRUNCATE {name}_1")
+    assert changes(pg_conn, name)[-2:] == [({"k": 2, "id": 1}, "D"), ({"k": 1, "id": 1}, "D")]
+
+
+def test_the_owner_takes_a_tables_hot_retention_away_by_registering_it_again(tiered, pg_conn):
+    """Registering again without a retention leaves the eviction guard inert (the schema owner may create
+    triggers on the table, not drop them); the table's owner may then drop it."""
+    name, conn = tiered
+    conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+    assert {r[0] for r in pg_conn.execute("""SELECT tgfoid::regproc::text FROM pg_trigger
+                                             WHERE tgname = 'coldharbor_evict_guard'
+                                               AND tgrelid::regclass::text LIKE %s""", (name + "%",))} == {
+        "coldharbor.capture_off"}
+    conn.execute(f"DROP TRIGGER coldharbor_evict_guard ON {name}_1")
+    conn.execute(f"UPDATE {name} SET v = 'changed'")
+    assert [op for _, op in changes(pg_conn, name)[-2:]] == ["U", "U"]

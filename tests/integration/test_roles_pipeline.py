@@ -268,3 +268,27 @@ def test_a_role_with_more_power_than_it_needs_is_refused_by_the_migration(other_
             admin.execute("ALTER ROLE coldharbor_app NOCREATEDB")
         with pg.connect(other_database) as conn:
             assert conn.execute("SELECT to_regclass('coldharbor.capture_suspended')").fetchone()[0] is None
+
+
+def test_an_upgrade_captures_the_partitions_of_tables_registered_before(other_database):
+    """Migration 013 on a database whose registered partitioned, tiered table holds rows: writes naming a
+    partition are captured from then on, and the partitions carry the eviction guard."""
+    with pg.connect(other_database) as conn:
+        migrate.apply(conn, [m for m in migrate.discover() if m.name < "013"])
+        conn.execute("CREATE TABLE public.old (k int, id int, v text, PRIMARY KEY (k, id)) PARTITION BY LIST (k)")
+        conn.execute("CREATE TABLE public.old_1 PARTITION OF public.old FOR VALUES IN (1)")
+        conn.execute("CREATE TABLE public.old_2 PARTITION OF public.old FOR VALUES IN (2) PARTITION BY LIST (id)")
+        conn.execute("CREATE TABLE public.old_2_all PARTITION OF public.old_2 DEFAULT")
+        conn.execute("INSERT INTO public.old VALUES (1, 1, 'a'), (2, 1, 'b'), (2, 2, 'c')")
+        conn.execute("SELECT coldharbor.register_table('public.old', p_hot_retention => '1 day')")
+        migrate.apply(conn, migrate.discover())
+        conn.execute("INSERT INTO public.old_1 VALUES (1, 2, 'd')")
+        conn.execute("UPDATE public.old_2 SET v = 'e' WHERE id = 1")
+        conn.execute("DELETE FROM public.old_2_all WHERE id = 2")
+        conn.execute("TRUNCATE public.old_1")
+        assert conn.execute("SELECT key, op FROM coldharbor.change_log ORDER BY id").fetchall() == [
+            ({"k": 1, "id": 2}, "I"), ({"k": 2, "id": 1}, "U"), ({"k": 2, "id": 2}, "D"),
+            ({"k": 1, "id": 1}, "D"), ({"k": 1, "id": 2}, "D")]
+        assert conn.execute("""SELECT array_agg(tgrelid::regclass::text ORDER BY tgrelid::regclass::text) FROM pg_trigger
+                                WHERE tgname = 'coldharbor_evict_guard'""").fetchone()[0] == [
+            "old", "old_1", "old_2", "old_2_all"]

@@ -1,0 +1,130 @@
+"""Every job as a thin client of one warm Spark Connect server: `python jobs/<job>.py` with
+COLDHARBOR_SPARK_REMOTE set, no spark-submit and no Java of its own, over a table that held rows
+before it was registered and keeps changing; each result is checked against PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from coldharbor import lake, lake_store
+from coldharbor.spark import get_session
+from tests.connect_server import run_job
+from tests.helpers import dirty_ids, lake_live, pg_rows
+
+# Partition values and text Hive escaping, SQL quoting and JSON must all carry through unchanged.
+REGIONS = ["eu'x", "a/b=c d%", "日本", "plain"]
+NOTES = ["'; DROP TABLE x; --", "line\nbreak", "back\\slash", "🙂 emoji", "${env:HOME}", ""]
+
+
+def make_table(conn, name: str) -> None:
+    """A table with rows before registration (an initial load to make), a composite key of text and
+    bigint, partitioned by the text part."""
+    conn.execute(f"""CREATE TABLE {name} (region text, id bigint, at timestamptz NOT NULL, amount numeric(12,2),
+                                          note text, PRIMARY KEY (region, id))""")
+    conn.execute(f"""INSERT INTO {name} SELECT (%s::text[])[1 + g %% 4], g,
+                                             timestamptz '2026-03-29 01:30:00+01' + g * interval '17 minutes',
+                                             g * 1.25, (%s::text[])[1 + g %% 6]
+                     FROM generate_series(1, 300) g""", (REGIONS, NOTES))
+    conn.execute("SELECT coldharbor.register_table(%s, p_partition_by => ARRAY['region'])", (name,))
+
+
+def change(conn, name: str, round_: int) -> None:
+    """Updates, deletes and inserts in every partition."""
+    conn.execute(f"UPDATE {name} SET amount = amount + {round_}, note = note || %s WHERE id %% 7 = {round_ % 7}",
+                 (f" r{round_}'",))
+    conn.execute(f"DELETE FROM {name} WHERE id % 50 = {round_}")
+    conn.execute(f"""INSERT INTO {name} SELECT (%s::text[])[1 + g %% 4], g, now(), g, %s
+                     FROM generate_series({1000 * round_}, {1000 * round_ + 20}) g""", (REGIONS, NOTES[round_ % 6]))
+
+
+def ok(done) -> str:
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-4000:]}\n{done.stdout[-2000:]}"
+    assert "Traceback" not in done.stderr
+    return done.stdout + done.stderr
+
+
+@pytest.fixture()
+def connect_spark(on_connect):
+    """This process's own Connect session on the server, for reading the lake the way the jobs do."""
+    return get_session("coldharbor-test-reader")
+
+
+def expected(conn, name: str) -> dict:
+    return pg_rows(conn, f"SELECT region, id, at, amount, note FROM {name}", ["region", "id"])
+
+
+def live(spark, lake_root: str, name: str) -> dict:
+    rows = lake_live(spark, lake_root, f"public.{name}", ["region", "id"])
+    return {k: {c: v[c] for c in ("region", "id", "at", "amount", "note")} for k, v in rows.items()}
+
+
+def test_every_job_runs_over_connect_and_equals_postgresql(connect_server, connect_spark, pg_dsn, pg_conn,
+                                                           table_name, lake_root):
+    url, name = connect_server.url, table_name
+    make_table(pg_conn, name)
+    change(pg_conn, name, 1)  # live changes on top of the rows to load
+
+    # Registration + initial load, then the changes made since, in one export run.
+    ok(run_job("cdc_export.py", url, pg_dsn, lake_root, "--table", name))
+    assert dirty_ids(pg_conn, name) == []
+    assert live(connect_spark, lake_root, name) == expected(pg_conn, name)
+
+    for round_ in (2, 3, 4):  # small files in every partition
+        change(pg_conn, name, round_)
+        ok(run_job("cdc_export.py", url, pg_dsn, lake_root, "--table", name))
+    assert live(connect_spark, lake_root, name) == expected(pg_conn, name)
+
+    path = f"{lake_root}/public/{name}"
+    before = lake.snapshot(connect_spark, path)
+    ok(run_job("compact.py", url, pg_dsn, lake_root, "--table", name, "--min-small-files", "2"))
+    after = lake.snapshot(connect_spark, path)
+    assert len(after.files) < len(before.files)
+    assert {dict(f.partition)["region"] for f in after.files} == set(REGIONS)
+    assert live(connect_spark, lake_root, name) == expected(pg_conn, name)
+
+    cleanup_drops_unreferenced_files_and_leftovers(url, pg_dsn, lake_root, path)
+    assert live(connect_spark, lake_root, name) == expected(pg_conn, name)
+
+    out = ok(run_job("purge.py", url, pg_dsn, lake_root, "--table", name, "--where", "region = 'eu''x'",
+                     "--vacuum-retention-hours", "0", "--allow-short-retention"))
+    assert "remaining: {'postgres_rows': 0, 'change_log_rows': 0, 'lake_current_rows': 0, " \
+           "'lake_rows_in_kept_files': 0}" in out
+    assert pg_conn.execute(f"SELECT count(*) FROM {name} WHERE region = 'eu''x'").fetchone()[0] == 0
+    assert live(connect_spark, lake_root, name) == expected(pg_conn, name)
+
+    change(pg_conn, name, 5)  # dirty rows for the report, the verify and the resync to take in
+    report_equals_postgresql(url, pg_dsn, pg_conn, lake_root, name)
+    assert "in sync" in ok(run_job("verify.py", url, pg_dsn, lake_root, "--table", name))
+    assert "resynced from PostgreSQL" in ok(run_job("resync.py", url, pg_dsn, lake_root, "--table", name))
+    assert live(connect_spark, lake_root, name) == expected(pg_conn, name)
+    assert "in sync" in ok(run_job("verify.py", url, pg_dsn, lake_root, "--table", name))
+
+
+def cleanup_drops_unreferenced_files_and_leftovers(url: str, dsn: str, lake_root: str, path: str) -> None:
+    """VACUUM at a zero retention leaves exactly the files the current version references; a write
+    probe a killed export left long ago goes too."""
+    probe = Path(path) / lake.WRITE_PROBE
+    probe.write_text("")
+    os.utime(probe, (time.time() - 86400, time.time() - 86400))
+    table = f"public.{Path(path).name}"
+    ok(run_job("cleanup.py", url, dsn, lake_root, "--table", table, "--retention-hours", "0",
+               "--allow-short-retention", "--no-evict"))
+    assert not probe.exists()
+    referenced = {f["path"] for f in lake_store.live_files(path)[1]}
+    on_disk = {str(Path(f).relative_to(path)) for f in lake_store.data_files(path)}
+    assert {Path(f).name for f in on_disk} == {Path(f).name for f in referenced}
+
+
+def report_equals_postgresql(url: str, dsn: str, conn, lake_root: str, name: str) -> None:
+    target = f"adhoc_{uuid.uuid4().hex[:8]}"
+    query = f"SELECT region, count(*) AS n, sum(amount) AS total, max(id) AS top_id FROM public.{name} GROUP BY region"
+    ok(run_job("serve_report.py", url, dsn, lake_root, "--sql", query, "--target", target, "--run-id", target))
+    served = conn.execute(f"SELECT region, n, total, top_id FROM reports.{target} ORDER BY region").fetchall()
+    assert served == conn.execute(f"{query} ORDER BY region").fetchall()
+    run = conn.execute("SELECT state, dirty_rows FROM coldharbor.report_runs WHERE run_id = %s", (target,)).fetchone()
+    assert run[0] == "succeeded" and run[1][f"public.{name}"] > 0, run

@@ -1,0 +1,89 @@
+"""The Spark Connect settings, the server's command line, the lost-server error and the lake's
+partition values as text, without a server."""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timezone
+from decimal import Decimal
+
+import pytest
+
+from coldharbor import lake_store, settings, spark
+from coldharbor.errors import ConfigError, SparkUnavailableError
+
+
+@pytest.mark.parametrize("raw, message", [
+    ("http://127.0.0.1:15002", "must be a Spark Connect URL"),
+    ("local[2]", "must be a Spark Connect URL"),
+])
+def test_a_remote_that_is_not_a_connect_url_is_refused(monkeypatch, raw, message):
+    monkeypatch.setenv(settings.SPARK_REMOTE_ENV, raw)
+    with pytest.raises(ConfigError, match=message):
+        settings.spark_remote()
+
+
+def test_no_remote_means_a_classic_session(monkeypatch):
+    monkeypatch.setenv(settings.SPARK_REMOTE_ENV, "  ")
+    assert settings.spark_remote() is None
+
+
+@pytest.mark.parametrize("name, raw", [
+    (settings.SPARK_REMOTE_WAIT_ENV, "-1"), (settings.SPARK_REMOTE_WAIT_ENV, "nan"),
+    (settings.SPARK_REMOTE_WAIT_ENV, "1e9"), (settings.SPARK_REMOTE_WAIT_ENV, "soon"),
+    (settings.JDBC_READERS_ENV, "0"), (settings.JDBC_READERS_ENV, "2.5"), (settings.JDBC_READERS_ENV, "inf"),
+])
+def test_numbers_out_of_range_are_refused_naming_the_setting(monkeypatch, name, raw):
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(ConfigError, match=name):
+        settings.spark_remote_wait_seconds() if name == settings.SPARK_REMOTE_WAIT_ENV else settings.jdbc_readers()
+
+
+@pytest.mark.parametrize("wait_s", [0.0, 1.0, 15.0, 120.0])
+def test_the_retry_budget_adds_up_to_the_wait(wait_s):
+    budget = spark._retry_budget(wait_s)
+    backoffs = [min(0.2 * 2 ** i, 2.0) for i in range(budget["max_retries"])]
+    assert sum(backoffs) <= wait_s < sum(backoffs) + min(0.2 * 2 ** budget["max_retries"], 2.0)
+
+
+def test_the_server_command_carries_delta_the_driver_and_every_setting_on_loopback():
+    command = spark.connect_server_command(15999, "local[3]", extra_conf={"spark.hadoop.fs.s3a.endpoint": "http://m"})
+    assert command[command.index("--class") + 1] == spark.CONNECT_SERVER_CLASS
+    assert command[command.index("--master") + 1] == "local[3]"
+    assert command[command.index("--packages") + 1] == ",".join(spark.maven_packages())
+    confs = dict(c.split("=", 1) for c in command[1::] if "=" in c and c.startswith("spark."))
+    assert confs["spark.connect.grpc.binding.address"] == "127.0.0.1"
+    assert confs["spark.connect.grpc.binding.port"] == "15999"
+    assert confs["spark.hadoop.fs.s3a.endpoint"] == "http://m"
+    assert {k: confs[k] for k in spark.DEFAULT_CONF} == spark.DEFAULT_CONF
+    assert command[-1] == "spark-internal"
+
+
+def test_a_lost_server_is_one_error_naming_it_only_on_connect(monkeypatch):
+    class Unavailable(Exception):
+        pass
+
+    lost = Unavailable("<_MultiThreadedRendezvous of RPC that terminated with:\n\tstatus = StatusCode.UNAVAILABLE")
+    monkeypatch.delenv(settings.SPARK_REMOTE_ENV, raising=False)
+    assert spark.lost_spark(lost) is None
+    monkeypatch.setenv(settings.SPARK_REMOTE_ENV, "sc://127.0.0.1:1")
+    wrapped = RuntimeError("the write failed")
+    wrapped.__cause__ = lost
+    error = spark.lost_spark(wrapped)
+    assert isinstance(error, SparkUnavailableError)
+    assert "sc://127.0.0.1:1 is unreachable" in str(error) and "\n" not in str(error)
+    assert spark.lost_spark(ValueError("[DIVIDE_BY_ZERO] Division by zero")) is None
+
+
+@pytest.mark.parametrize("value, text", [
+    (None, None), (True, "true"), (17, "17"), ("eu'x/=%", "eu'x/=%"), (date(2024, 2, 29), "2024-02-29"),
+    (Decimal("0E-6"), "0.000000"), (datetime(2024, 1, 1, 10, 0, 0, 123456, tzinfo=timezone.utc),
+                                    "2024-01-01T10:00:00.123456Z"),
+    (datetime(2024, 1, 1, 10, 0), "2024-01-01 10:00:00.000000"),
+])
+def test_partition_values_read_from_the_log_become_text_spark_casts_back(value, text):
+    assert lake_store.partition_text(value) == text
+
+
+def test_lake_store_errors_are_one_line_without_terminal_colours():
+    chained = "Generic S3 error\n  \x1b[31m↳\x1b[0m Error performing list request\n   \x1b[31m↳\x1b[0m Connection refused"
+    assert lake_store.message(OSError(chained)) == "Generic S3 error: Connection refused"

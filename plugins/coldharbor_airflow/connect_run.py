@@ -102,7 +102,10 @@ def job_environment(values: dict[str, str]) -> Iterator[None]:
 def run_as_connect_client(main: Callable[[list[str]], int], argv: list[str], url: str, dsn: str) -> int:
     """Runs a job's main(argv) here with its session on the Connect server at `url`; returns its exit
     code. The DSN reaches it in a file of this run (mode 0600, removed afterwards), as under
-    spark-submit; the job's Connect session is closed on the server when it ends, however it ends."""
+    spark-submit; the Connect session the job made is released on the server when it ends, however
+    it ends (PySpark makes a new session the active or default one only when there is none: a
+    worker's process has none; a session that was there before is left alone)."""
+    before = current_connect_session()
     with tempfile.TemporaryDirectory(prefix="coldharbor-run-") as folder:
         dsn_file = write_dsn_file(Path(folder), dsn)
         with job_environment({SPARK_REMOTE_ENV: url, PG_DSN_FILE_ENV: str(dsn_file)}):
@@ -111,27 +114,29 @@ def run_as_connect_client(main: Callable[[list[str]], int], argv: list[str], url
             except SystemExit as exc:  # argparse's usage errors, sys.exit() in a job
                 return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
             finally:
-                stop_connect_session()
+                session = current_connect_session()
+                if session is not None and session is not before:
+                    session.stop()  # released on the server: its views and settings go, its work is interrupted
 
 
-def _active_connect_session():
-    """This thread's Spark Connect session, if a job made one (PySpark's Connect client is imported
-    only by a job that used it)."""
+def current_connect_session():
+    """The Spark Connect session a job made here: this thread's, else the process's default (a
+    job's worker thread made it), or None. PySpark's Connect client is imported only by a job that
+    used it."""
     module = sys.modules.get("pyspark.sql.connect.session")
-    return module.SparkSession.getActiveSession() if module is not None else None
+    if module is None:
+        return None
+    from pyspark.errors import PySparkRuntimeError
 
-
-def stop_connect_session() -> None:
-    """Releases the job's session on the server: its temporary views and settings go, and whatever
-    it still runs there is interrupted."""
-    session = _active_connect_session()
-    if session is not None:
-        session.stop()
+    try:
+        return module.SparkSession.active()
+    except PySparkRuntimeError:  # NO_ACTIVE_OR_DEFAULT_SESSION
+        return None
 
 
 def interrupt_connect_session() -> None:
     """Interrupts every operation of the job's session on the server (a killed task's work must not
     outlive it: its locks in PostgreSQL end with its process)."""
-    session = _active_connect_session()
+    session = current_connect_session()
     if session is not None:
         session.interruptAll()

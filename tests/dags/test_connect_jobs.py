@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,34 @@ def test_a_jobs_main_runs_here_as_a_client_of_the_server_and_leaves_nothing_behi
     with pytest.raises(RuntimeError, match="a bug"):
         run_as_connect_client(crashing, [], connect_url, pg_dsn)
     assert dict(os.environ) == before and seen["crashed"].is_stopped
+
+
+def test_the_session_a_job_made_on_a_worker_thread_is_released_and_the_callers_own_is_not(airflow_home, connect_url,
+                                                                                         pg_dsn):
+    from coldharbor_airflow.connect_run import run_as_connect_client
+
+    made = {}
+
+    def threaded(argv: list[str]) -> int:
+        def work() -> None:
+            made["session"] = connect_session(os.environ["COLDHARBOR_SPARK_REMOTE"])
+            made["session"].sql("SELECT 1").collect()
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join()
+        return 0
+
+    assert run_as_connect_client(threaded, [], connect_url, pg_dsn) == 0
+    assert made["session"].is_stopped
+
+    callers = connect_session(connect_url)  # open across a job's run that made none (a refusal before Spark)
+    try:
+        assert run_as_connect_client(lambda argv: 2, [], connect_url, pg_dsn) == 2
+        assert not callers.is_stopped
+        assert callers.sql("SELECT 2 AS two").first()["two"] == 2
+    finally:
+        callers.stop()
 
 
 def test_over_connect_the_operator_runs_the_jobs_main_in_the_worker(airflow_home, connect_url, pg_conn, table_name,

@@ -69,7 +69,8 @@ def spark_unified(spark, dsn, lake_root, sql) -> list:
     with pg.connect(dsn) as conn:
         checked = sql_guard.check_query(sql, registry.load(conn))
         pinned = serve.pin_versions(spark, checked.tables, lake_root)
-        snapshot = hot_snapshot.read(conn, pinned, checked.tables)
+        snapshot = hot_snapshot.read(conn, pinned, checked.tables,
+                                     lake_batches=serve.lake_batch_ids(spark, checked.tables, lake_root))
     serve.register_views(spark, snapshot, pinned, lake_root, None)
     return serve.run_query(spark, checked, {}).collect()
 

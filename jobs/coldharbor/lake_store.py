@@ -1,8 +1,9 @@
 """The lake seen from the job's Python process, without a JVM: what Spark's DataFrame/SQL API does
 not offer, the same on a classic session and on a Spark Connect one.
 
-- the Delta log, through the `deltalake` package: whether a folder holds a Delta table, its live
-  files with their statistics, the last txnVersion an app id committed;
+- the Delta log, through the `deltalake` package: whether a folder holds a Delta table, its
+  version, its newest commits' information, its live files with their statistics, the last
+  txnVersion an app id committed (milliseconds, where a Spark query takes a good part of a second);
 - small files of our own (the registry copy, the write probe, a killed export's leftovers) and the
   listing of a table folder, through pyarrow's file systems.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import date, datetime, timezone
@@ -60,14 +62,26 @@ def is_delta_table(path: str) -> bool:
         return DeltaTable.is_deltatable(path)
 
 
+def version(path: str) -> int | None:
+    """The table's current version, or None when there is no table."""
+    with failing_as("reading the Delta log of", path):
+        table = _load(path)
+        return None if table is None else table.version()
+
+
+def history(path: str, limit: int) -> list[dict] | None:
+    """The newest `limit` commits' information (version, operation, userMetadata,
+    operationMetrics, isBlindAppend), newest first; None when there is no table."""
+    with failing_as("reading the Delta history of", path):
+        table = _load(path)
+        return None if table is None else table.history(limit)
+
+
 def txn_version(path: str, app_id: str) -> int | None:
     """The newest txnVersion Delta recorded for `app_id`, or None (no table, or never that app id)."""
     with failing_as("reading the Delta log of", path):
-        from deltalake import DeltaTable
-
-        if not DeltaTable.is_deltatable(path):
-            return None
-        return DeltaTable(path).transaction_version(app_id)
+        table = _load(path)
+        return None if table is None else table.transaction_version(app_id)
 
 
 def live_files(path: str) -> tuple[int, list[dict]] | None:
@@ -75,11 +89,10 @@ def live_files(path: str) -> tuple[int, list[dict]] | None:
     num_records, max_batch_id from the file's statistics), or None when there is no table."""
     with failing_as("reading the Delta log of", path):
         import pyarrow as pa
-        from deltalake import DeltaTable
 
-        if not DeltaTable.is_deltatable(path):
+        table = _load(path)
+        if table is None:
             return None
-        table = DeltaTable(path)
         actions = pa.table(table.get_add_actions(flatten=False))
         names = set(actions.column_names)
         files = []
@@ -90,6 +103,17 @@ def live_files(path: str) -> tuple[int, list[dict]] | None:
                           "partition": {k: partition_text(v) for k, v in (partition or {}).items()},
                           "max_batch_id": maxima.get("_ch_batch_id")})
         return table.version(), files
+
+
+def _load(path: str):
+    """The Delta table's latest snapshot, or None when the folder holds no Delta log (or no folder)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(path)
+    except TableNotFoundError:
+        return None
 
 
 def partition_text(value) -> str | None:
@@ -128,11 +152,12 @@ def read_text(path: str) -> str | None:
 
 
 def write_text(path: str, text: str) -> None:
-    """Replaces a small file: written aside, then moved over."""
+    """Replaces a small file: written aside under a name of this writer's own (reports running at
+    once each refresh the registry copy), then moved over in one step."""
     with failing_as("writing", path):
         fs, where = filesystem(path)
         fs.create_dir(str(PurePosixPath(where).parent), recursive=True)
-        staged = where + ".tmp"
+        staged = f"{where}.{uuid.uuid4().hex}.tmp"
         with fs.open_output_stream(staged) as out:
             out.write(text.encode("utf-8"))
         fs.move(staged, where)

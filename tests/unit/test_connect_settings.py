@@ -1,14 +1,11 @@
-"""The Spark Connect settings, the server's command line, the lost-server error and the lake's
-partition values as text, without a server."""
+"""The Spark Connect settings, the server's command line and the lost-server error, without a
+server."""
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
-from decimal import Decimal
-
 import pytest
 
-from coldharbor import lake_store, settings, spark
+from coldharbor import settings, spark
 from coldharbor.errors import ConfigError, SparkUnavailableError
 
 
@@ -72,18 +69,3 @@ def test_a_lost_server_is_one_error_naming_it_only_on_connect(monkeypatch):
     assert isinstance(error, SparkUnavailableError)
     assert "sc://127.0.0.1:1 is unreachable" in str(error) and "\n" not in str(error)
     assert spark.lost_spark(ValueError("[DIVIDE_BY_ZERO] Division by zero")) is None
-
-
-@pytest.mark.parametrize("value, text", [
-    (None, None), (True, "true"), (17, "17"), ("eu'x/=%", "eu'x/=%"), (date(2024, 2, 29), "2024-02-29"),
-    (Decimal("0E-6"), "0.000000"), (datetime(2024, 1, 1, 10, 0, 0, 123456, tzinfo=timezone.utc),
-                                    "2024-01-01T10:00:00.123456Z"),
-    (datetime(2024, 1, 1, 10, 0), "2024-01-01 10:00:00.000000"),
-])
-def test_partition_values_read_from_the_log_become_text_spark_casts_back(value, text):
-    assert lake_store.partition_text(value) == text
-
-
-def test_lake_store_errors_are_one_line_without_terminal_colours():
-    chained = "Generic S3 error\n  \x1b[31m↳\x1b[0m Error performing list request\n   \x1b[31m↳\x1b[0m Connection refused"
-    assert lake_store.message(OSError(chained)) == "Generic S3 error: Connection refused"

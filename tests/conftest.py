@@ -56,12 +56,9 @@ def spark():
 
 
 @pytest.fixture(scope="session")
-def connect_url(tmp_path_factory) -> Iterator[str]:
-    """A Spark Connect server on 127.0.0.1 (as `make run` starts it) for the whole run: its sc:// URL."""
-    from tests.helpers import connect_server
-
-    with connect_server(tmp_path_factory.mktemp("spark-connect") / "server.log") as url:
-        yield url
+def connect_url(connect_server) -> str:
+    """The sc:// URL of the run's Spark Connect server."""
+    return connect_server.url
 
 
 @pytest.fixture()

@@ -1,5 +1,6 @@
-"""A real Spark Connect server for the tests, started with the command `make run` uses
-(coldharbor.spark.connect_server_command), and the jobs run as its thin clients."""
+"""A real Spark Connect server for the tests, started as docker-compose starts its engine
+(`python -m coldharbor.engine serve`, which runs coldharbor.spark.connect_server_command), and the
+jobs run as its thin clients."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from coldharbor.spark import REMOTE_ENV, connect_server_command
+from coldharbor.spark import REMOTE_ENV
 
 PROJECT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300
@@ -39,7 +40,8 @@ def free_port() -> int:
 def server_env() -> dict[str, str]:
     """The server's environment: this virtual environment first on PATH (its Python runs the
     server's Python workers), bound to 127.0.0.1, and no remote of its own."""
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PYTHONPATH": str(PROJECT / "jobs")}
     env.pop(REMOTE_ENV, None)
     return env
 
@@ -51,7 +53,8 @@ def running_server(folder: Path) -> Iterator[ConnectServer]:
     port = free_port()
     log = folder / "server.log"
     with open(log, "w") as out:
-        process = subprocess.Popen(connect_server_command(port), env=server_env(), stdout=out,
+        process = subprocess.Popen([sys.executable, "-m", "coldharbor.engine", "serve", "--port", str(port),
+                                    "--master", "local[2]"], env=server_env(), stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     server = ConnectServer(f"sc://127.0.0.1:{port}", process, log)
     try:

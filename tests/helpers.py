@@ -167,33 +167,6 @@ def wait_until_paused(pause_dir: Path, point: str, process: subprocess.Popen, ti
         time.sleep(0.2)
 
 
-@contextmanager
-def connect_server(log_file: Path, master: str = "local[1]", timeout_s: float = 600) -> Iterator[str]:
-    """A Spark Connect server as the embedded stack runs it (`coldharbor.engine serve`, its
-    environment without PostgreSQL credentials) on a free loopback port; yields its sc:// URL and
-    ends its process group afterwards."""
-    import time
-
-    from coldharbor import engine, service
-    from coldharbor.stack import free_port
-
-    port = free_port()
-    with open(log_file, "ab") as out:
-        process = subprocess.Popen([sys.executable, "-m", "coldharbor.engine", "serve", "--port", str(port),
-                                    "--master", master], env=service.engine_env(), stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not engine.accepts(engine.LOOPBACK, port):
-            assert process.poll() is None, f"the Spark Connect server ended ({process.returncode}): see {log_file}"
-            assert time.monotonic() < deadline, f"the Spark Connect server did not start: see {log_file}"
-            time.sleep(0.5)
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        service.end_group("spark-connect", process.pid)
-        process.wait(timeout=60)
-
-
 def connect_session(url: str):
     """A client session of the Connect server at `url` (PySpark's Connect builder: a classic
     session in this process does not stand in its way)."""

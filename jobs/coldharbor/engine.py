@@ -17,7 +17,6 @@ import ipaddress
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -32,7 +31,6 @@ from coldharbor.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 PORT_ENV = "COLDHARBOR_SPARK_CONNECT_PORT"
 MASTER_ENV = "COLDHARBOR_SPARK_CONNECT_MASTER"
 DEFAULT_PORT = 15002          # Spark Connect's own default
@@ -60,31 +58,19 @@ class EngineConfig:
 PINNED_CONF = {"spark.connect.grpc.port.maxRetries": "0", "spark.app.name": "coldharbor-engine"}
 
 
+# The server's logging: at Spark's default levels its Connect service logs client plans whole, JDBC
+# passwords among their options.
+LOG_CONFIG = Path(__file__).with_name("engine-log4j2.properties")
+
+
 def server_command(config: EngineConfig) -> list[str]:
-    return connect_server_command(config.port, config.master, config.bind, {**config.conf, **PINNED_CONF})
+    """spark-submit's argv for this server: the jobs' packages and settings (spark.connect_server_command),
+    and a logging configuration that keeps the jobs' JDBC passwords out of its log."""
+    from coldharbor.spark import DEFAULT_CONF, connect_server_command
 
-
-# The same function as coldharbor.spark.connect_server_command on the `connect` branch: once both are
-# merged, this copy goes and server_command imports that one.
-def connect_server_command(port: int, master: str = "local[2]", host: str = LOOPBACK,
-                           extra_conf: dict[str, str] | None = None) -> list[str]:
-    """spark-submit's argv for a Connect server: the jobs' packages and settings (spark.DEFAULT_CONF,
-    the jar cache), listening on host:port only. No secret is among them."""
-    from coldharbor.spark import maven_packages, session_conf
-
-    conf = {key: value for key, value in session_conf().items() if key != "spark.jars.packages"}
-    conf.update({"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port),
-                 **(extra_conf or {})})
-    argv = [spark_submit(), "--class", SERVER_CLASS, "--master", master, "--packages", ",".join(maven_packages())]
-    for key, value in conf.items():
-        argv += ["--conf", f"{key}={value}"]
-    return [*argv, "spark-internal"]
-
-
-def spark_submit() -> str:
-    """This environment's spark-submit (the venv's, beside this Python), else the one on PATH."""
-    beside = Path(sys.executable).parent / "spark-submit"
-    return str(beside) if beside.exists() else (shutil.which("spark-submit") or "spark-submit")
+    driver_options = f"{DEFAULT_CONF['spark.driver.extraJavaOptions']} -Dlog4j2.configurationFile=file:{LOG_CONFIG}"
+    return connect_server_command(config.port, config.master, config.bind,
+                                  {**config.conf, **PINNED_CONF, "spark.driver.extraJavaOptions": driver_options})
 
 
 def check_bind(address: str, private_network: bool) -> None:

@@ -92,3 +92,18 @@ def test_a_taken_port_is_refused_before_a_server_starts(tmp_path, monkeypatch):
         with pytest.raises(SystemExit, match=f"something already listens on 127.0.0.1:{port}"):
             service.start_engine(tmp_path / "spark-connect.json")
     assert not (tmp_path / "logs").exists(), "nothing was started"
+
+
+def test_the_servers_log_never_holds_a_jobs_jdbc_password(connect_server, pg_dsn):
+    """A job's JDBC reads carry the password as an option of the plan it sends. A session closed
+    while one of its executions is still held (a job that ended, or was killed, mid-read) makes
+    the Connect service log that execution, plan and options included; the server's log must not
+    show the password, however the job ends."""
+    options = pg.JdbcTarget.from_dsn(pg_dsn).options()
+    spark = connect_session(connect_server.url)
+    rows = spark.read.format("jdbc").options(**options).option("query", "SELECT g FROM generate_series(1, 5000) g") \
+        .load().toLocalIterator()
+    assert next(rows)["g"] == 1
+    spark.stop()  # the execution is still held: the session's close removes it
+    time.sleep(2)  # the server writes its log lines after answering
+    assert options["password"] not in connect_server.log.read_text(errors="replace")

@@ -18,12 +18,16 @@ def confs(argv: list[str]) -> dict[str, str]:
 
 def test_the_server_gets_the_jobs_packages_and_settings_and_listens_on_its_port_only():
     argv = engine.server_command(engine.EngineConfig(port=15123, master="local[1]"))
-    assert argv[argv.index("--class") + 1] == engine.SERVER_CLASS
+    assert argv[argv.index("--class") + 1] == spark.CONNECT_SERVER_CLASS
     assert argv[argv.index("--packages") + 1] == ",".join(spark.maven_packages())
     assert argv[argv.index("--master") + 1] == "local[1]" and argv[-1] == "spark-internal"
     conf = confs(argv)
     for key, value in spark.DEFAULT_CONF.items():
-        assert conf[key] == value, key
+        if key != "spark.driver.extraJavaOptions":
+            assert conf[key] == value, key
+    driver = conf["spark.driver.extraJavaOptions"].split()
+    assert spark.DEFAULT_CONF["spark.driver.extraJavaOptions"] in driver
+    assert f"-Dlog4j2.configurationFile=file:{engine.LOG_CONFIG}" in driver and engine.LOG_CONFIG.is_file()
     assert conf["spark.jars.ivy"] == spark.ivy_dir()
     assert (conf["spark.connect.grpc.binding.address"], conf["spark.connect.grpc.binding.port"]) == ("127.0.0.1",
                                                                                                       "15123")

@@ -130,9 +130,10 @@ S3_UNREACHABLE = ["--conf", "spark.hadoop.fs.s3a.endpoint=http://127.0.0.1:{port
 
 def test_an_unreachable_s3_lake_is_one_line_for_export_recovery_cleanup_and_compaction(
         spark, pg_dsn, pg_conn, table_name):
-    """hadoop-aws against a closed local port: the export finishing a killed run's batch (it looks
-    the batch's commit up), cleanup's VACUUM and compaction's snapshot each say which lake read
-    failed, in one line, and change nothing."""
+    """hadoop-aws (and the jobs' own Delta log reads, configured by AWS_ENDPOINT_URL as the README
+    says) against a closed local port: the export finishing a killed run's batch (it looks the
+    batch's commit up), cleanup's VACUUM and compaction's snapshot each say which lake read failed,
+    in one line, and change nothing."""
     lake_root = "s3a://coldharbor-lake/lake"
     pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
     pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
@@ -141,9 +142,11 @@ def test_an_unreachable_s3_lake_is_one_line_for_export_recovery_cleanup_and_comp
     with pg_conn.transaction():  # the intent a killed export left: recorded, never committed to the lake
         batch = batches.begin(pg_conn, table, "killed-run", 10)
     dirty = dirty_ids(pg_conn, table_name)
+    port = free_port()
     env = {"COLDHARBOR_EXTRA_PACKAGES": "org.apache.hadoop:hadoop-aws:3.5.0", "AWS_ACCESS_KEY_ID": "coldharbor",
-           "AWS_SECRET_ACCESS_KEY": "not-used", "AWS_REGION": "us-east-1"}
-    s3a = [arg.format(port=free_port()) for arg in S3_UNREACHABLE]
+           "AWS_SECRET_ACCESS_KEY": "not-used", "AWS_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ALLOW_HTTP": "true"}
+    s3a = [arg.format(port=port) for arg in S3_UNREACHABLE]
     path = f"{lake_root}/public/{table_name}"
     for job, args, message in [
             ("cdc_export.py", [], f"cdc_export failed: reading the Delta history of {path} failed: "),

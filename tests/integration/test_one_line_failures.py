@@ -150,7 +150,7 @@ def test_an_unreachable_s3_lake_is_one_line_for_export_recovery_cleanup_and_comp
     path = f"{lake_root}/public/{table_name}"
     for job, args, message in [
             ("cdc_export.py", [], f"cdc_export failed: reading the Delta history of {path} failed: "),
-            ("cleanup.py", [], f"cleanup failed: reading {path} failed: "),
+            ("cleanup.py", [], f"cleanup failed: reading the Delta log of {path} failed: "),
             ("compact.py", [], f"compact failed: reading the Delta log of {path} failed: ")]:
         done = spark_submit(job, pg_dsn, lake_root, "--table", table_name, *args, env=env, spark_args=s3a)
         assert done.returncode == 2, (job, done.stdout[-3000:])

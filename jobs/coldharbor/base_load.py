@@ -51,7 +51,8 @@ class LoadState:
 
     state: str                      # pending | loaded
     loaded_version: int | None      # Delta version of the initial load (None: nothing to load)
-    loaded_at: datetime | None      # the initial load's snapshot time: the lake knows the table from then on
+    loaded_at: datetime | None      # the snapshot time of the base that started the lake table there now
+                                    # (the initial load, or `starts_lake`): the lake knows nothing earlier
     base_version: int | None
     base_at: datetime | None
     rebase_reason: str | None = None  # why the newest rebase was requested (sql/014)
@@ -69,7 +70,8 @@ class LoadState:
     @property
     def base_kind(self) -> str:
         """The kind of the next base: a table never loaded gets its initial load, any other a resync
-        (which keeps the initial load's version and time, from which as-of reports start)."""
+        (which keeps the initial load's version and time, from which as-of reports start, unless it
+        is the first commit of its lake table: `starts_lake`)."""
         return "load" if self.pending and self.loaded_at is None and self.rebase_reason is None else "resync"
 
 
@@ -77,6 +79,40 @@ def load_state(conn: psycopg.Connection, table_id: int) -> LoadState:
     row = conn.execute("SELECT load_state, loaded_version, loaded_at, base_version, base_at, rebase_reason "
                        "FROM coldharbor.tables WHERE table_id = %s", (table_id,)).fetchone()
     return LoadState(*row)
+
+
+@dataclass(frozen=True)
+class RebaseWindow:
+    """A time when PostgreSQL held values the lake does not (sql/015): from the request of a rebase
+    (DDL that changed rows without writing them) until the snapshot of the base that answered it."""
+
+    reason: str
+    requested_at: datetime
+    settled_at: datetime | None       # None: no base has answered it yet
+    settled_version: int | None
+
+    def hides(self, instant: datetime, version: int | None, lake_from: datetime | None) -> bool:
+        """Whether lake@version read as of `instant` would miss the rebase's values. A window settled
+        before `lake_from` (the start of the lake there now) belongs to an earlier lake: its version
+        says nothing about this one."""
+        if instant < self.requested_at:
+            return False
+        if self.settled_at is None or instant < self.settled_at:
+            return True
+        return self.lacks_base(version, lake_from)
+
+    def lacks_base(self, version: int | None, lake_from: datetime | None) -> bool:
+        """Whether lake@version lacks the base that answered the window (it landed after V)."""
+        if self.settled_version is None or (lake_from is not None and self.settled_at <= lake_from):
+            return False
+        return version is None or version < self.settled_version
+
+
+def rebase_windows(conn: psycopg.Connection, table_id: int) -> tuple[RebaseWindow, ...]:
+    """The table's rebase windows, oldest first, as the caller's snapshot sees them."""
+    rows = conn.execute("SELECT reason, requested_at, settled_at, settled_version FROM coldharbor.rebases "
+                        "WHERE table_id = %s ORDER BY serial", (table_id,)).fetchall()
+    return tuple(RebaseWindow(*row) for row in rows)
 
 
 @dataclass(frozen=True)
@@ -268,6 +304,13 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
                               stats_columns=[*table.key_columns, *table.sort_by])
 
 
+def starts_lake(kind: str, version: int) -> bool:
+    """Whether a base starts the history of the lake table it landed in: an initial load, or any
+    base that is the table's first Delta commit (the lake table was moved aside, or never written).
+    As-of reports start there (`loaded_at`): the lake there now knows nothing earlier."""
+    return kind == "load" or version == 0
+
+
 def finish_if_committed(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
                         batch_id: int, kind: str, commit_token: str | None) -> BaseResult | None:
     """Records a base whose Delta commit exists; None (and nothing recorded) when it does not."""
@@ -290,7 +333,7 @@ def finish_if_committed(spark: SparkSession, conn: psycopg.Connection, table: Re
                                loaded_version = CASE WHEN %(load)s THEN %(version)s ELSE loaded_version END,
                                loaded_at = CASE WHEN %(load)s THEN %(at)s ELSE loaded_at END
                          WHERE table_id = %(table)s""",
-                     {"version": version, "at": snapshot_at, "rows": rows, "load": kind == "load",
+                     {"version": version, "at": snapshot_at, "rows": rows, "load": starts_lake(kind, version),
                       "table": table.table_id, "serial": meta.get("rebase_serial", 0)})
     log.info("%s: %s landed as Delta version %s: %s rows read in the snapshot of %s", table.qualified_name,
              kind, version, rows, snapshot_at.isoformat())

@@ -230,8 +230,11 @@ def base_rows(snapshot_rows: DataFrame, lake_keys: DataFrame | None, columns: Se
 
 def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
                columns: Sequence[LakeColumn], path: str, kind: str, run_id: str,
-               hook: faults.Hook = faults.from_environment) -> BaseResult:
-    """Reads the table in one snapshot and commits it as a base; the caller holds the export lock."""
+               hook: faults.Hook = faults.from_environment, rebase: bool = False) -> BaseResult:
+    """Reads the table in one snapshot and commits it as a base; the caller holds the export lock.
+    The crash points are named after the kind (`load_after_intent`, ...), or `rebase_...` for a base
+    that answers a rebase (sql/014: the export's, of kind resync)."""
+    points = "rebase" if rebase else kind
     if kind not in KINDS:
         raise ValueError(f"a base is one of {KINDS}, not {kind!r}")
     app_id = lake.export_app_id(table.table_id)
@@ -241,7 +244,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
                                 table.qualified_name)
     batch_id, token = begin(conn, table, kind, run_id, lake.committed_txn_version(spark, path, app_id))
-    hook(f"{kind}_after_intent")
+    hook(f"{points}_after_intent")
     keys = [c.name for c in columns if c.is_key]
     # A lake table already there (a resync, or a load into a location used before) keeps its rows:
     # the base outranks them key by key, and marks the keys PostgreSQL no longer has deleted.
@@ -250,7 +253,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
         advance_change_sequence(conn, lake_keys)
     try:
         _read_and_append(spark, conn, jdbc, table, columns, path, kind, run_id, batch_id, token, lake_keys,
-                         change, hook)
+                         change, hook, points)
     except Exception as exc:
         if not pg.lock_timed_out(exc):
             raise
@@ -258,7 +261,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
             f"the {kind} of {table.qualified_name} gave way to a statement that locks the table exclusively "
             f"(TRUNCATE, a rewriting ALTER TABLE, VACUUM FULL): its readers waited {table_reader.READER_LOCK_TIMEOUT} "
             "for their lock; nothing was written, the next run reads the table again") from None
-    hook(f"{kind}_after_commit")
+    hook(f"{points}_after_commit")
     landed = finish_if_committed(spark, conn, table, path, batch_id, kind, token)
     if landed is None:
         raise LakeUnavailableError(f"the {kind} of {table.qualified_name} was written to {path} but its commit "
@@ -268,7 +271,8 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
 
 def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
                      columns: Sequence[LakeColumn], path: str, kind: str, run_id: str, batch_id: int, token: str,
-                     lake_keys: DataFrame | None, change: lake.SchemaChange, hook: faults.Hook) -> None:
+                     lake_keys: DataFrame | None, change: lake.SchemaChange, hook: faults.Hook,
+                     points: str) -> None:
     """Reads the table in one exported snapshot and appends the base in one Delta commit."""
     app_id = lake.export_app_id(table.table_id)
     with conn.transaction():
@@ -284,12 +288,12 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
         if registry.lake_columns(conn, table) != list(columns):
             rebase_serial = None
         lake_values.refuse_in_table(conn, table, columns, LOAD_REFUSED)
-        hook(f"{kind}_after_snapshot")
+        hook(f"{points}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
         rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=table.hot_retention is not None)
                 .transform(to_lake_rows(columns, batch_id, datetime.now(timezone.utc))))
-        if faults.armed(f"{kind}_during_write"):
-            rows = faults.crash_inside_tasks(rows, f"{kind}_during_write")
+        if faults.armed(f"{points}_during_write"):
+            rows = faults.crash_inside_tasks(rows, f"{points}_during_write")
         with pg.lake_commit_lock(conn, table.table_id, path):
             if change.widened:
                 lake.widen_columns(spark, path, change.widened, table.partition_by,

@@ -110,7 +110,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
             if state.rebase_pending:
                 log.warning("%s: writing a new base from PostgreSQL: %s", table.qualified_name, state.rebase_reason)
             loaded = base_load.write_base(spark, conn, jdbc, table, registry.lake_columns(conn, table), path,
-                                          state.base_kind, config.run_id, hook)
+                                          state.base_kind, config.run_id, hook, rebase=state.rebase_pending)
         if not hot_reader.has_dirty(conn, table.table_id):
             log.info("%s: nothing dirty", table.qualified_name)
             return TableResult(table.qualified_name, "loaded" if loaded else "clean", recovered_batches=recovered,

@@ -46,6 +46,11 @@ class HotTable:
     pinned_version: int | None = None   # the lake version the report reads
     rebase_windows: tuple[base_load.RebaseWindow, ...] = ()  # times the lake lacks PostgreSQL's values
 
+    @property
+    def open_window(self) -> base_load.RebaseWindow | None:
+        """The rebase no base has answered yet (the table is pending for it), if any."""
+        return next((w for w in self.rebase_windows if w.settled_at is None), None)
+
     def hiding_window(self, instant: datetime) -> base_load.RebaseWindow | None:
         """The rebase window for which lake@pinned_version, read as of `instant`, misses values."""
         return next((w for w in self.rebase_windows if w.hides(instant, self.pinned_version, self.known_from)), None)

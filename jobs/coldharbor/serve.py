@@ -90,7 +90,7 @@ def check_as_of(as_of: datetime, snapshot: HotSnapshot, window: timedelta) -> No
         if hot.lake_ahead:
             raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {hot.table.qualified_name}: the "
                               f"lake's history is not PostgreSQL's: {hot.lake_ahead}")
-        window = hot.hiding_window(as_of)
+        window = hot.hiding_window(as_of) or (hot.open_window if hot.load_pending else None)
         if window is not None:
             raise ReportError(rebase_refusal(as_of, hot.table, window))
         if hot.load_pending:
@@ -110,13 +110,14 @@ def rebase_refusal(as_of: datetime, table: RegisteredTable, window) -> str:
     """The one line refusing an as-of instant inside a rebase window (`base_load.RebaseWindow`)."""
     since = window.requested_at.isoformat()
     if window.settled_at is None:
-        until, later = "its new base is written (the next export writes it)", "retry after that export"
+        until = "its new base, which the next export writes"
+        ask = f"retry after that export (then instants before {since} and from the new base on are answered)"
     else:
-        until, later = (f"its new base of {window.settled_at.isoformat()} (lake version {window.settled_version})",
-                        f"from {window.settled_at.isoformat()} on")
-    return (f"as-of {as_of.isoformat()} cannot be answered exactly for {table.quoted_name}: "
+        until = f"its new base of {window.settled_at.isoformat()} (lake version {window.settled_version})"
+        ask = f"ask for an instant before {since}, or from {window.settled_at.isoformat()} on"
+    return (f"as-of {as_of.isoformat()} cannot be answered for {table.quoted_name}: it falls inside a rebase: "
             f"{registry.one_line(window.reason)}; PostgreSQL held values the lake does not have from {since} until "
-            f"{until}; ask for an instant before {since}, or {later}")
+            f"{until}; {ask}")
 
 
 def hot_frame(spark: SparkSession, hot: HotTable) -> DataFrame:

@@ -151,7 +151,7 @@ def test_registering_the_same_table_again_changes_nothing(spark, pg_dsn, pg_conn
     assert not state_of(pg_conn, table_name).pending
 
 
-@pytest.mark.parametrize("point", ["resync_after_intent", "resync_after_commit"],
+@pytest.mark.parametrize("point", ["rebase_after_intent", "rebase_after_commit"],
                          ids=["before the snapshot, after the columns were read", "after the commit"])
 def test_a_rebase_requested_while_the_base_is_written_keeps_the_table_pending(spark, pg_dsn, admin_dsn, pg_conn,
                                                                              table_name, lake_root, monkeypatch,
@@ -291,8 +291,8 @@ def test_as_of_reports_across_a_rebase_are_exact_before_and_after_it_and_refused
     assert pg_rows(pg_conn, f"SELECT * FROM reports.adhoc_{run}_after", ["id"]) == after
     assert as_of_report(monkeypatch, pg_dsn, lake_root, name, t_inside, f"{run}_inside") == 2
     error = report_run(pg_conn, f"{run}_inside")["error"]
-    assert error.startswith(f"as-of {t_inside.isoformat()} cannot be answered exactly for public.{quoted}: "
-                            "column region was added with a default"), error
+    assert error.startswith(f"as-of {t_inside.isoformat()} cannot be answered for public.{quoted}: it falls "
+                            "inside a rebase: column region was added with a default"), error
     [table] = registry.load(pg_conn, f"public.{name}")
     window = pg_conn.execute("SELECT requested_at, settled_at FROM coldharbor.rebases WHERE table_id = %s",
                              (table.table_id,)).fetchall()

@@ -97,6 +97,11 @@ def test_ddl_that_changes_rows_sends_the_table_back_and_the_next_export_rebuilds
     exported_and_in_the_lake(spark, pg_conn, pg_dsn, lake_root, t)
     state = state_of(pg_conn, t)
     assert not state.pending and state.loaded_at is not None  # the initial load's time stays
+    assert state.rebase_reason is None  # settled: the reason stays in coldharbor.rebases only
+    [(kept, settled)] = pg_conn.execute(
+        "SELECT r.reason, r.settled_at IS NOT NULL FROM coldharbor.rebases r JOIN coldharbor.tables t USING "
+        "(table_id) WHERE t.table_name = %s ORDER BY r.serial DESC LIMIT 1", (t,)).fetchall()
+    assert reason in kept and settled
     record = report_equals_postgres(monkeypatch, pg_conn, pg_dsn, lake_root, t, f"r2_{t}")
     assert not record["served_from_postgres"]
 

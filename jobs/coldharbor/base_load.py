@@ -51,7 +51,8 @@ class LoadState:
 
     state: str                      # pending | loaded
     loaded_version: int | None      # Delta version of the initial load (None: nothing to load)
-    loaded_at: datetime | None      # the initial load's snapshot time: the lake knows the table from then on
+    loaded_at: datetime | None      # the snapshot time of the base that started the lake table there now
+                                    # (the initial load, or `starts_lake`): the lake knows nothing earlier
     base_version: int | None
     base_at: datetime | None
     rebase_reason: str | None = None  # why the newest rebase was requested (sql/014)
@@ -69,7 +70,8 @@ class LoadState:
     @property
     def base_kind(self) -> str:
         """The kind of the next base: a table never loaded gets its initial load, any other a resync
-        (which keeps the initial load's version and time, from which as-of reports start)."""
+        (which keeps the initial load's version and time, from which as-of reports start, unless it
+        is the first commit of its lake table: `starts_lake`)."""
         return "load" if self.pending and self.loaded_at is None and self.rebase_reason is None else "resync"
 
 
@@ -77,6 +79,40 @@ def load_state(conn: psycopg.Connection, table_id: int) -> LoadState:
     row = conn.execute("SELECT load_state, loaded_version, loaded_at, base_version, base_at, rebase_reason "
                        "FROM coldharbor.tables WHERE table_id = %s", (table_id,)).fetchone()
     return LoadState(*row)
+
+
+@dataclass(frozen=True)
+class RebaseWindow:
+    """A time when PostgreSQL held values the lake does not (sql/015): from the request of a rebase
+    (DDL that changed rows without writing them) until the snapshot of the base that answered it."""
+
+    reason: str
+    requested_at: datetime
+    settled_at: datetime | None       # None: no base has answered it yet
+    settled_version: int | None
+
+    def hides(self, instant: datetime, version: int | None, lake_from: datetime | None) -> bool:
+        """Whether lake@version read as of `instant` would miss the rebase's values. A window settled
+        before `lake_from` (the start of the lake there now) belongs to an earlier lake: its version
+        says nothing about this one."""
+        if instant < self.requested_at:
+            return False
+        if self.settled_at is None or instant < self.settled_at:
+            return True
+        return self.lacks_base(version, lake_from)
+
+    def lacks_base(self, version: int | None, lake_from: datetime | None) -> bool:
+        """Whether lake@version lacks the base that answered the window (it landed after V)."""
+        if self.settled_version is None or (lake_from is not None and self.settled_at <= lake_from):
+            return False
+        return version is None or version < self.settled_version
+
+
+def rebase_windows(conn: psycopg.Connection, table_id: int) -> tuple[RebaseWindow, ...]:
+    """The table's rebase windows, oldest first, as the caller's snapshot sees them."""
+    rows = conn.execute("SELECT reason, requested_at, settled_at, settled_version FROM coldharbor.rebases "
+                        "WHERE table_id = %s ORDER BY serial", (table_id,)).fetchall()
+    return tuple(RebaseWindow(*row) for row in rows)
 
 
 @dataclass(frozen=True)
@@ -194,8 +230,11 @@ def base_rows(snapshot_rows: DataFrame, lake_keys: DataFrame | None, columns: Se
 
 def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
                columns: Sequence[LakeColumn], path: str, kind: str, run_id: str,
-               hook: faults.Hook = faults.from_environment) -> BaseResult:
-    """Reads the table in one snapshot and commits it as a base; the caller holds the export lock."""
+               hook: faults.Hook = faults.from_environment, rebase: bool = False) -> BaseResult:
+    """Reads the table in one snapshot and commits it as a base; the caller holds the export lock.
+    The crash points are named after the kind (`load_after_intent`, ...), or `rebase_...` for a base
+    that answers a rebase (sql/014: the export's, of kind resync)."""
+    points = "rebase" if rebase else kind
     if kind not in KINDS:
         raise ValueError(f"a base is one of {KINDS}, not {kind!r}")
     app_id = lake.export_app_id(table.table_id)
@@ -205,7 +244,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
                                 table.qualified_name)
     batch_id, token = begin(conn, table, kind, run_id, lake.committed_txn_version(spark, path, app_id))
-    hook(f"{kind}_after_intent")
+    hook(f"{points}_after_intent")
     keys = [c.name for c in columns if c.is_key]
     # A lake table already there (a resync, or a load into a location used before) keeps its rows:
     # the base outranks them key by key, and marks the keys PostgreSQL no longer has deleted.
@@ -214,7 +253,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
         advance_change_sequence(conn, lake_keys)
     try:
         _read_and_append(spark, conn, jdbc, table, columns, path, kind, run_id, batch_id, token, lake_keys,
-                         change, hook)
+                         change, hook, points)
     except Exception as exc:
         if not pg.lock_timed_out(exc):
             raise
@@ -222,7 +261,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
             f"the {kind} of {table.qualified_name} gave way to a statement that locks the table exclusively "
             f"(TRUNCATE, a rewriting ALTER TABLE, VACUUM FULL): its readers waited {table_reader.READER_LOCK_TIMEOUT} "
             "for their lock; nothing was written, the next run reads the table again") from None
-    hook(f"{kind}_after_commit")
+    hook(f"{points}_after_commit")
     landed = finish_if_committed(spark, conn, table, path, batch_id, kind, token)
     if landed is None:
         raise LakeUnavailableError(f"the {kind} of {table.qualified_name} was written to {path} but its commit "
@@ -232,7 +271,8 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
 
 def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
                      columns: Sequence[LakeColumn], path: str, kind: str, run_id: str, batch_id: int, token: str,
-                     lake_keys: DataFrame | None, change: lake.SchemaChange, hook: faults.Hook) -> None:
+                     lake_keys: DataFrame | None, change: lake.SchemaChange, hook: faults.Hook,
+                     points: str) -> None:
     """Reads the table in one exported snapshot and appends the base in one Delta commit."""
     app_id = lake.export_app_id(table.table_id)
     with conn.transaction():
@@ -248,12 +288,12 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
         if registry.lake_columns(conn, table) != list(columns):
             rebase_serial = None
         lake_values.refuse_in_table(conn, table, columns, LOAD_REFUSED)
-        hook(f"{kind}_after_snapshot")
+        hook(f"{points}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
         rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=table.hot_retention is not None)
                 .transform(to_lake_rows(columns, batch_id, datetime.now(timezone.utc))))
-        if faults.armed(f"{kind}_during_write"):
-            rows = faults.crash_inside_tasks(rows, f"{kind}_during_write")
+        if faults.armed(f"{points}_during_write"):
+            rows = faults.crash_inside_tasks(rows, f"{points}_during_write")
         with pg.lake_commit_lock(conn, table.table_id, path):
             if change.widened:
                 lake.widen_columns(spark, path, change.widened, table.partition_by,
@@ -266,6 +306,13 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
                                         "rebase_serial": rebase_serial},
                               add_columns=bool(change.added or change.metadata_added),
                               stats_columns=[*table.key_columns, *table.sort_by])
+
+
+def starts_lake(kind: str, version: int) -> bool:
+    """Whether a base starts the history of the lake table it landed in: an initial load, or any
+    base that is the table's first Delta commit (the lake table was moved aside, or never written).
+    As-of reports start there (`loaded_at`): the lake there now knows nothing earlier."""
+    return kind == "load" or version == 0
 
 
 def finish_if_committed(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
@@ -290,7 +337,7 @@ def finish_if_committed(spark: SparkSession, conn: psycopg.Connection, table: Re
                                loaded_version = CASE WHEN %(load)s THEN %(version)s ELSE loaded_version END,
                                loaded_at = CASE WHEN %(load)s THEN %(at)s ELSE loaded_at END
                          WHERE table_id = %(table)s""",
-                     {"version": version, "at": snapshot_at, "rows": rows, "load": kind == "load",
+                     {"version": version, "at": snapshot_at, "rows": rows, "load": starts_lake(kind, version),
                       "table": table.table_id, "serial": meta.get("rebase_serial", 0)})
     log.info("%s: %s landed as Delta version %s: %s rows read in the snapshot of %s", table.qualified_name,
              kind, version, rows, snapshot_at.isoformat())

@@ -86,6 +86,7 @@ def cleanup_table(spark: SparkSession, conn: psycopg.Connection, table: Register
         if not acquired:
             log.info("skipped %s: another cleanup of this table holds its lock", table.qualified_name)
             return TableCleanup(table.qualified_name, "skipped")
+        registry.refuse_replaced(conn, table)
         if config.evict and table.hot_retention is not None:
             registry.require_privileges(conn, table, deletes=True)
         if not config.dry_run:

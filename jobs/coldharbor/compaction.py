@@ -133,6 +133,7 @@ def compact_table(spark: SparkSession, conn: psycopg.Connection, table: Register
         if not acquired:
             log.info("skipped %s: another compaction of this table holds its lock", table.qualified_name)
             return TableResult(table.qualified_name, "skipped")
+        registry.refuse_replaced(conn, table)
         maintenance_runs.start(conn, config.run_id, table.table_id, "compact")
         try:
             result = _compact(spark, conn, table, config, hook)
@@ -332,6 +333,7 @@ def main(argv: list[str]) -> int:
         config = parse_args(argv)
         with pg.connect(settings.pg_dsn()) as conn:
             tables = registry.load(conn, config.table)
+            registry.require_present(tables)  # before Spark starts
             from coldharbor.spark import get_session
 
             spark = get_session("coldharbor-compact")

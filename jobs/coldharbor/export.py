@@ -110,12 +110,13 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
             if state.rebase_pending:
                 log.warning("%s: writing a new base from PostgreSQL: %s", table.qualified_name, state.rebase_reason)
             loaded = base_load.write_base(spark, conn, jdbc, table, registry.lake_columns(conn, table), path,
-                                          state.base_kind, config.run_id, hook)
+                                          state.base_kind, config.run_id, hook, rebase=state.rebase_pending)
         if not hot_reader.has_dirty(conn, table.table_id):
             log.info("%s: nothing dirty", table.qualified_name)
             return TableResult(table.qualified_name, "loaded" if loaded else "clean", recovered_batches=recovered,
                                loaded_rows=loaded.rows if loaded else 0)
         columns = registry.lake_columns(conn, table)
+        refuse_if_lake_gone(spark, conn, table, path)
         lake.ensure_writable(spark, path)
         change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
                                     table.qualified_name)
@@ -176,6 +177,22 @@ def refuse_if_lake_ahead(spark: SparkSession, conn: psycopg.Connection, table: R
     so a refused run uses up no batch id and every retry is refused until a resync."""
     lake.require_unused_batch_id(spark, path, lake.export_app_id(table.table_id),
                                  batches.next_batch_id(conn, table.table_id), table.qualified_name)
+
+
+def refuse_if_lake_gone(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str) -> None:
+    """LakeUnavailableError when there is no lake table at `path` although batches of the table were
+    committed there: a batch of changes alone would start a lake without the table's other rows.
+    A new base (resync) starts the lake again, and as-of history with it (`base_load.starts_lake`)."""
+    if lake.pin_version(spark, path) is not None:
+        return
+    committed = conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.export_batches WHERE table_id = %s "
+                             "AND state = 'flushed')", (table.table_id,)).fetchone()[0]
+    if committed:
+        raise LakeUnavailableError(
+            f"there is no lake table of {table.quoted_name} at {path}, although batches of it were committed there "
+            "(it was moved aside or removed, or the lake root is wrong); nothing was exported. Restore it or fix the "
+            f"lake root; if it was moved aside on purpose, write it whole again from PostgreSQL with "
+            f"`jobs/resync.py --table {table.cli_name}`")
 
 
 def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,

@@ -43,6 +43,17 @@ class HotTable:
     load_pending: bool = False         # hot_only because the table's initial load is not in lake@V yet
     lake_ahead: str | None = None      # hot_only because the lake is ahead of PostgreSQL: why (`lake_ahead`)
     known_from: datetime | None = None  # the initial load's snapshot time: the lake knows nothing before
+    pinned_version: int | None = None   # the lake version the report reads
+    rebase_windows: tuple[base_load.RebaseWindow, ...] = ()  # times the lake lacks PostgreSQL's values
+
+    @property
+    def open_window(self) -> base_load.RebaseWindow | None:
+        """The rebase no base has answered yet (the table is pending for it), if any."""
+        return next((w for w in self.rebase_windows if w.settled_at is None), None)
+
+    def hiding_window(self, instant: datetime) -> base_load.RebaseWindow | None:
+        """The rebase window for which lake@pinned_version, read as of `instant`, misses values."""
+        return next((w for w in self.rebase_windows if w.hides(instant, self.pinned_version, self.known_from)), None)
 
 
 @dataclass(frozen=True)
@@ -141,9 +152,11 @@ def _flushed_before(conn: psycopg.Connection, table: RegisteredTable) -> bool:
                         (table.table_id,)).fetchone()[0]
 
 
-def _load_not_in(load: base_load.LoadState, version: int | None) -> bool:
-    """Whether lake@version lacks the table's initial load (still pending, or landed after V)."""
-    if load.pending:
+def _load_not_in(load: base_load.LoadState, version: int | None,
+                 windows: Sequence[base_load.RebaseWindow] = ()) -> bool:
+    """Whether lake@version lacks the table's initial load or the base of a rebase (still pending,
+    or landed after V: the rows DDL changed are then in neither lake@V nor the dirty set)."""
+    if load.pending or any(w.lacks_base(version, load.loaded_at) for w in windows):
         return True
     return load.loaded_version is not None and (version is None or version < load.loaded_version)
 
@@ -187,15 +200,17 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
         columns = tuple(registry.lake_columns(conn, table))
         version = None if hot_only else pinned[table.table_id]
         load = base_load.load_state(conn, table.table_id)
+        windows = base_load.rebase_windows(conn, table.table_id)
         if not hot_only and version is None and _flushed_before(conn, table):
             raise LakeUnavailableError(f"the lake table of {table.qualified_name} is missing, but changes of it "
                                        "were flushed there; the lake location is wrong or was removed")
         ahead = None if hot_only or lake_batches is None else lake_ahead(conn, table, lake_batches[table.table_id])
-        if hot_only or ahead or _load_not_in(load, version):
+        if hot_only or ahead or _load_not_in(load, version, windows):
             # Invariant 12: until the initial load is in lake@V, PostgreSQL alone is the table.
             images = _fetch_arrow(conn, whole_table_query(table, columns), table, columns)
             result[table.table_id] = HotTable(table, columns, images, None, hot_only=True,
-                                              load_pending=not (hot_only or ahead), lake_ahead=ahead)
+                                              load_pending=not (hot_only or ahead), lake_ahead=ahead,
+                                              pinned_version=version, rebase_windows=windows)
             if ahead:
                 log.warning("%s; served from PostgreSQL alone (%s rows) until then", ahead, images.num_rows)
             elif not hot_only:
@@ -206,6 +221,6 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
         images = _fetch_arrow(conn, dirty_images_query(table, columns, since, hot_reader.source_relation(conn, table)),
                               table, columns)
         result[table.table_id] = HotTable(table, columns, images, _unexported_since(conn, table, since),
-                                          known_from=load.loaded_at)
+                                          known_from=load.loaded_at, pinned_version=version, rebase_windows=windows)
         log.info("%s: %s dirty keys against lake version %s", table.qualified_name, images.num_rows, version)
     return HotSnapshot(taken_at, result)

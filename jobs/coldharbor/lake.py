@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -149,7 +150,7 @@ def schema_change(spark: SparkSession, path: str, wanted: StructType, table: str
         raise ConfigError(f"cannot export {table}: column {name} is {new.simpleString()} in PostgreSQL now but "
                           f"{old.simpleString()} in the lake table at {path}; a type change is not carried over "
                           "unless it widens safely (change the column back, or move the lake table aside and "
-                          "register the table again to export it whole); nothing was exported")
+                          f"write it whole again with `jobs/resync.py --table {shlex.quote(table)}`); nothing was exported")
     names = {f.name for f in wanted.fields}
     return SchemaChange(tuple(f.name for f in wanted.fields if f.name not in current),
                         tuple(n for n in current if n not in names and n not in METADATA_COLUMNS),

@@ -25,6 +25,7 @@ import json
 import logging
 import sys
 import uuid
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -34,7 +35,8 @@ from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor import hot_reader, lake, lake_store, maintenance_runs, pg, purge_predicate, registry, settings
+from coldharbor import (hot_reader, lake, lake_store, lake_values, maintenance_runs, pg, purge_predicate, registry,
+                        settings)
 from coldharbor.cleanup import DELTA_GUARD_HOURS, check_retention, vacuum_files
 from coldharbor.errors import LakeUnavailableError, TableBusyError
 from coldharbor.job_main import run_job
@@ -147,6 +149,7 @@ def _delete_hot_rows(conn: psycopg.Connection, table: RegisteredTable, keys: lis
     owner's coldharbor.purge_rows() deletes them (only it may suspend capture) if each is still as
     read: a row changed in between stays, and verify() reports it if it still matches. No SQL text
     reaches the owner's function."""
+    refuse_unheld_keys(conn, table, keys, predicate)
     read = conn.execute(sql.SQL("SELECT {}, to_jsonb(t)::text FROM {} t WHERE {}").format(
         sql.SQL(", ").join(_as_lake_value(c) for c in keys), table.identifier,
         sql.SQL(predicate.postgres))).fetchall()
@@ -155,6 +158,29 @@ def _delete_hot_rows(conn: psycopg.Connection, table: RegisteredTable, keys: lis
     images = "[" + ",".join(row[-1] for row in read) + "]"  # JSON text as PostgreSQL wrote it: no float round trip
     deleted = conn.execute("SELECT coldharbor.purge_rows(%s, %s::jsonb)", (table.table_id, images)).fetchall()
     return [lake_key(read[position - 1][:-1]) for (position,) in deleted]
+
+
+PURGE_REFUSED = ("nothing was purged. The lake never held that row (its export is refused): delete it in "
+                 "PostgreSQL, or change its key, then purge again")
+
+
+def refuse_unheld_keys(conn: psycopg.Connection, table: RegisteredTable, columns: Sequence[LakeColumn],
+                       predicate: Predicate) -> None:
+    """UnrepresentableValueError, in one line naming the first, when a row the predicate matches has a
+    key the purge cannot read (infinity, a BC date, a numeric NaN: `lake_values`): the purge reads
+    the matching keys as Python values to remove them from the lake and the change log."""
+    keys = [c for c in columns if c.is_key]
+    if not lake_values.has_limits(keys, through_jdbc=False):
+        return
+
+    def value_of(c: LakeColumn) -> sql.Composable:
+        return sql.SQL("t.{}").format(sql.Identifier(c.name))
+
+    _, problem = lake_values.checked_values(keys, value_of, through_jdbc=False)
+    found = conn.execute(sql.SQL("SELECT p FROM (SELECT {} AS p FROM {} t WHERE {}) r WHERE p IS NOT NULL LIMIT 1")
+                         .format(problem, table.identifier, sql.SQL(predicate.postgres))).fetchone()
+    if found is not None:
+        raise lake_values.refusal(table.quoted_name, found[0], PURGE_REFUSED, through_jdbc=False)
 
 
 def _key_rows(keys: list[LakeColumn], values: set[tuple]) -> tuple[sql.Composable, list[list]]:
@@ -304,8 +330,10 @@ def main(argv: list[str]) -> int:
         config = parse_args(argv)
         with pg.connect(settings.pg_dsn()) as conn:
             [table] = registry.load(conn, config.table)
+            registry.require_present([table])
             registry.require_privileges(conn, table, deletes=True)  # refuse before Spark starts
-            purge_predicate.parse(config.where, registry.lake_columns(conn, table))
+            columns = registry.lake_columns(conn, table)
+            refuse_unheld_keys(conn, table, columns, purge_predicate.parse(config.where, columns))
             from coldharbor.spark import get_session
 
             result = purge(get_session("coldharbor-purge"), conn, table, config)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -43,10 +45,28 @@ class RegisteredTable:
     hot_retention: timedelta | None = None   # None: rows are never evicted from the hot tier
     source_kind: str = "table"               # table | entity (an entity schema read through its view)
     present: bool = True                     # False: registered, but the relation is gone from PostgreSQL
+    replaced: bool = False                   # the name now resolves to another relation than the one registered
 
     @property
     def qualified_name(self) -> str:
         return f"{self.schema_name}.{self.table_name}"
+
+    @property
+    def quoted_name(self) -> str:
+        """schema.table as SQL writes it: each part double-quoted unless plain, control characters
+        escaped, so a message naming it stays one line and says which table exactly."""
+        return f"{quote_ident(self.schema_name)}.{quote_ident(self.table_name)}"
+
+    @property
+    def cli_name(self) -> str:
+        """schema.table as a shell word for the jobs' --table (quoted for the shell where needed)."""
+        return one_line(shlex.quote(self.qualified_name))
+
+    @property
+    def register_again(self) -> str:
+        """The statement that registers the table again (its name as a string literal)."""
+        literal = "'" + self.quoted_name.replace("'", "''") + "'"
+        return f"SELECT coldharbor.register_table({literal})"
 
     @property
     def identifier(self) -> sql.Identifier:
@@ -57,9 +77,25 @@ class RegisteredTable:
 
 
 _SELECT = """SELECT table_id, schema_name, table_name, key_columns, lake_location, partition_by, sort_by,
-                    hot_retention, source_kind,
-                    to_regclass(quote_ident(schema_name) || '.' || quote_ident(table_name)) IS NOT NULL AS present
-             FROM coldharbor.tables"""
+                    hot_retention, source_kind, rel IS NOT NULL AS present,
+                    source_kind = 'table' AND rel IS NOT NULL
+                        AND (dropped_at IS NOT NULL OR (relid IS NOT NULL AND relid <> rel)) AS replaced
+             FROM coldharbor.tables,
+                  LATERAL (SELECT to_regclass(quote_ident(schema_name) || '.' || quote_ident(table_name))::oid) r(rel)"""
+_PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
+
+
+def quote_ident(name: str) -> str:
+    """An identifier as PostgreSQL's quote_ident writes it, with control characters escaped."""
+    if _PLAIN_IDENTIFIER.fullmatch(name):
+        return name
+    return one_line('"' + name.replace('"', '""') + '"')
+
+
+def one_line(text: str) -> str:
+    """`text` with control characters (a newline in a table or column name) escaped: a message
+    holding it stays one line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -81,7 +117,7 @@ def load(conn: psycopg.Connection, name: str | None = None) -> list[RegisteredTa
         if not rows:
             raise UnknownTableError(f"table {name} is not registered with coldharbor "
                                     "(register it with SELECT coldharbor.register_table(...))")
-    return [RegisteredTable(r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple(r[6]), r[7], r[8], r[9])
+    return [RegisteredTable(r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple(r[6]), r[7], r[8], r[9], r[10])
             for r in rows]
 
 
@@ -91,11 +127,26 @@ def missing_message(names: Sequence[str]) -> str:
             "(its row in coldharbor.tables); nothing was done")
 
 
+def replaced_message(table: RegisteredTable) -> str:
+    return (f"{table.quoted_name} was dropped and created again since it was registered with coldharbor: the "
+            "table under that name now is not the one registered, has no capture triggers and its writes are not "
+            f"captured; register it again ({table.register_again}), and the next export rebuilds its lake from "
+            "PostgreSQL; nothing was done")
+
+
+class ReplacedTableError(UnknownTableError):
+    """A registered table whose name now resolves to another relation (dropped and created again)."""
+
+
 def require_present(tables: Sequence[RegisteredTable]) -> None:
-    """Refuses, before anything runs, a job over a registered table whose relation is gone."""
+    """Refuses, before anything runs, a job over a registered table whose relation is gone or is
+    another relation than the one registered."""
     missing = [t.qualified_name for t in tables if not t.present]
     if missing:
         raise MissingTableError(missing_message(missing))
+    for table in tables:
+        if table.replaced:
+            raise ReplacedTableError(replaced_message(table))
 
 
 def lake_columns(conn: psycopg.Connection, table: RegisteredTable) -> list[LakeColumn]:
@@ -172,10 +223,25 @@ def guard_read(conn: psycopg.Connection, table: RegisteredTable) -> None:
         conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(table.identifier))
     except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
         raise MissingTableError(missing_message([table.qualified_name])) from None
+    refuse_replaced(conn, table)  # under the lock: the relation read is the one registered
     refusal = conn.execute("SELECT coldharbor.read_refusal(%s::regclass)",
                            (table.identifier.as_string(conn),)).fetchone()[0]
     if refusal:
         raise _cannot_read(table, refusal)
+
+
+def refuse_replaced(conn: psycopg.Connection, table: RegisteredTable) -> None:
+    """ReplacedTableError when the table's name resolves, now, to another relation than the one
+    registered (or its registered relation was dropped since). A name that resolves to nothing is
+    left to the callers' own refusal of a missing table."""
+    if table.source_kind != "table":
+        return
+    replaced = conn.execute(
+        "SELECT dropped_at IS NOT NULL OR (relid IS NOT NULL AND relid <> to_regclass(%s)::oid) "
+        "FROM coldharbor.tables WHERE table_id = %s AND to_regclass(%s) IS NOT NULL",
+        (table.identifier.as_string(conn), table.table_id, table.identifier.as_string(conn))).fetchone()
+    if replaced is not None and replaced[0]:
+        raise ReplacedTableError(replaced_message(table))
 
 
 def _cannot_read(table: RegisteredTable, refusal: str) -> PrivilegeError:

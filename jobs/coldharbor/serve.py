@@ -90,6 +90,9 @@ def check_as_of(as_of: datetime, snapshot: HotSnapshot, window: timedelta) -> No
         if hot.lake_ahead:
             raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {hot.table.qualified_name}: the "
                               f"lake's history is not PostgreSQL's: {hot.lake_ahead}")
+        window = hot.hiding_window(as_of) or (hot.open_window if hot.load_pending else None)
+        if window is not None:
+            raise ReportError(rebase_refusal(as_of, hot.table, window))
         if hot.load_pending:
             raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {hot.table.qualified_name}: its "
                               "initial load has not landed in the lake yet; retry after the next export")
@@ -101,6 +104,20 @@ def check_as_of(as_of: datetime, snapshot: HotSnapshot, window: timedelta) -> No
             raise ReportError(f"as-of {as_of.isoformat()} is not in the lake yet: {hot.table.qualified_name} has "
                               f"changes from {hot.unexported_since.isoformat()} that are not exported; "
                               "retry after the next export")
+
+
+def rebase_refusal(as_of: datetime, table: RegisteredTable, window) -> str:
+    """The one line refusing an as-of instant inside a rebase window (`base_load.RebaseWindow`)."""
+    since = window.requested_at.isoformat()
+    if window.settled_at is None:
+        until = "its new base, which the next export writes"
+        ask = f"retry after that export (then instants before {since} and from the new base on are answered)"
+    else:
+        until = f"its new base of {window.settled_at.isoformat()} (lake version {window.settled_version})"
+        ask = f"ask for an instant before {since}, or from {window.settled_at.isoformat()} on"
+    return (f"as-of {as_of.isoformat()} cannot be answered for {table.quoted_name}: it falls inside a rebase: "
+            f"{registry.one_line(window.reason)}; PostgreSQL held values the lake does not have from {since} until "
+            f"{until}; {ask}")
 
 
 def hot_frame(spark: SparkSession, hot: HotTable) -> DataFrame:
@@ -199,6 +216,7 @@ def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, confi
           record: RunRecord, checked: sql_guard.CheckedQuery) -> int:
     """The whole read of a validated report with both tiers reachable (or the lake missing in
     best-effort mode)."""
+    registry.require_present(checked.tables)
     for table in checked.tables:
         registry.require_privileges(conn, table)
     hot_only = False

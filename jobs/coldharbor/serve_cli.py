@@ -126,7 +126,7 @@ def refusal(argv: list[str], dsn: str) -> str | None:
         try:
             config = build_config(args, record.run_id)
             record.target, record.sink, record.as_of = config.target, config.sink, config.as_of
-            validate_report(config.report, registry.load(conn))
+            registry.require_present(validate_report(config.report, registry.load(conn)).tables)
             if config.as_of is not None:
                 hot_reader.require_commit_times(conn)
         except ColdharborError as exc:

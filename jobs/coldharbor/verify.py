@@ -26,9 +26,9 @@ from psycopg import sql
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor import (base_load, hot_snapshot, lake, lake_values, maintenance_runs, pg, registry, settings,
+from coldharbor import (base_load, batches, hot_snapshot, lake, lake_values, maintenance_runs, pg, registry, settings,
                         table_reader)
-from coldharbor.errors import ConfigError, LakeUnavailableError
+from coldharbor.errors import ColdharborError, ConfigError, LakeUnavailableError
 from coldharbor.job_main import one_table, run_job
 from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.unified import table_contract
@@ -170,6 +170,7 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
     keys = [c.name for c in sorted((c for c in columns if c.is_key), key=lambda c: c.key_position)]
     path = table.lake_path(config.lake_root)
     version = lake.pin_version(spark, path)
+    refuse_if_lake_ahead(spark, conn, table, path)
     with conn.transaction():
         # One snapshot: the dirty set and the whole-table read both come from it.
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -202,6 +203,24 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         if result.differing:
             result.samples = sample_differences(view, postgres, keys, [d["chunk"] for d in result.differing])
     return result
+
+
+class LakeAheadOfPostgresError(ColdharborError):
+    """The lake holds batches PostgreSQL never recorded (it was restored from a backup): the lake is
+    not PostgreSQL's past, and comparing the two would only list the restore's differences."""
+
+
+def refuse_if_lake_ahead(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str) -> None:
+    """LakeAheadOfPostgresError, naming the way out, when the lake committed a batch id PostgreSQL
+    has not used (`lake.check_batch_id`; the lake's figure is read first, as the export reads it)."""
+    lake_batch_id = lake.committed_txn_version(spark, path, lake.export_app_id(table.table_id))
+    try:
+        lake.check_batch_id(lake_batch_id, batches.next_batch_id(conn, table.table_id), table.qualified_name)
+    except lake.LakeAheadError as exc:
+        raise LakeAheadOfPostgresError(
+            f"{table.quoted_name} cannot be verified: the lake is ahead of PostgreSQL (restored from a backup?): "
+            f"{exc.detail}, so the lake's later commits are not PostgreSQL's past; rebuild the table's lake state "
+            f"from PostgreSQL with `jobs/resync.py --table {table.cli_name}`, then verify again") from None
 
 
 def parse_args(argv: list[str]) -> VerifyConfig:

@@ -56,6 +56,9 @@ def _lake_path(row: dict[str, Any]) -> str | None:
 
 def _load_cell(row: dict[str, Any]) -> str:
     """Pending (reports serve the table from PostgreSQL alone), or what the load read and when."""
+    if row.get("replaced"):
+        return ('<span class="bad">dropped and created again since it was registered: its writes are not captured '
+                'and every job refuses it; register it again</span>')
     if row.get("load_state") == "pending" and row.get("rebase_reason"):
         return (f'<span class="bad">rebuilding from PostgreSQL ({_cell(row["rebase_reason"])}): served from '
                 'PostgreSQL until the next export writes its new base</span>')

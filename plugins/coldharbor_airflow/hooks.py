@@ -131,9 +131,13 @@ class ColdharborHook(BaseHook):
                        c.detail AS last_compaction_detail,
                        k.finished_at AS last_cleanup_at, k.state AS last_cleanup_state,
                        t.load_state, t.loaded_at, t.base_rows, t.base_at, t.rebase_reason,
+                       t.source_kind = 'table' AND r.rel IS NOT NULL
+                           AND (t.dropped_at IS NOT NULL OR t.relid <> r.rel) AS replaced,
                        v.finished_at AS last_verify_at, v.state AS last_verify_state,
                        v.detail ->> 'result' AS last_verify_result
                   FROM coldharbor.tables t
+                  CROSS JOIN LATERAL (SELECT to_regclass(quote_ident(t.schema_name) || '.'
+                                                         || quote_ident(t.table_name))::oid AS rel) r
                   LEFT JOIN LATERAL (SELECT count(*) AS dirty_rows, min(created_at) AS oldest_dirty
                                        FROM coldharbor.change_log
                                       WHERE table_id = t.table_id AND flushed_at IS NULL) d ON true

@@ -45,6 +45,7 @@ CRASH_POINTS = {
     "during_mark": "cdc_export.py",
     "compact_during_write": "compact.py",
     "during_vacuum": "cleanup.py",
+    "rebase_after_snapshot": "cdc_export.py",  # the base after DDL that rewrote the table (sql/014)
 }
 TASK_POINTS = ("during_write", "compact_during_write", "load_during_write")
 # Reachable only while the table's initial load is pending: the sequence opens with them.
@@ -331,6 +332,8 @@ class Run:
     def crash(self, point: str) -> None:
         """The job under spark-submit, killed at `point`; then the next run must recover."""
         job = CRASH_POINTS[point]
+        if point.startswith("rebase_"):
+            self.rewrite_table()
         if job == "cdc_export.py":
             self.committed_write("insert" if self.free_keys() else "update")  # something to export
         elif job == "compact.py":
@@ -356,6 +359,22 @@ class Run:
         self.trace.append(f"crash at {point}: {job} exit {done.returncode}")
         # Recovery: the next run of the same job.
         {"cdc_export.py": self.export, "compact.py": self.compact, "cleanup.py": self.cleanup}[job]()
+
+    def rewrite_table(self) -> None:
+        """DDL that rewrites every row without a change capture sees (the values stay as they were):
+        the table goes back to pending, and the next export writes a rebase base. A transaction held
+        open would block the ALTER: it commits first."""
+        self.commit_held()
+        self.conn.execute(f"ALTER TABLE {self.table} ALTER COLUMN v TYPE text USING v || ''")
+        self.trace.append("table rewritten by ALTER TABLE: rebase requested")
+
+    def in_rebase_window(self, at) -> bool:
+        """Whether `at` lies in a rebase window: from a request until the base that answered it."""
+        return self.conn.execute("""
+            SELECT EXISTS (SELECT 1 FROM coldharbor.rebases r JOIN coldharbor.tables t USING (table_id)
+                            WHERE t.schema_name || '.' || t.table_name = %s AND r.requested_at <= %s
+                              AND (r.settled_at IS NULL OR %s < r.settled_at))""",
+                                 (self.table, at, at)).fetchone()[0]
 
     def ensure_small_files(self, count: int) -> None:
         """At least `count` lake files (each export adds one or more)."""
@@ -422,6 +441,13 @@ class Run:
                 self.fail(f"as-of {at.isoformat()} was refused as before the initial load, which read the table "
                           f"as of {loaded_at}: {error}")
             self.trace.append(f"report as of {at.isoformat()}: refused, before the initial load (correct)")
+        elif "falls inside a rebase" in error:
+            pending = self.conn.execute("SELECT load_state = 'pending' FROM coldharbor.tables "
+                                        "WHERE schema_name || '.' || table_name = %s", (self.table,)).fetchone()[0]
+            if not (pending or self.in_rebase_window(at)):
+                self.fail(f"as-of {at.isoformat()} was refused as inside a rebase, but no rebase window holds it "
+                          f"and the table is not pending: {error}")
+            self.trace.append(f"report as of {at.isoformat()}: refused, inside a rebase (correct)")
         elif "initial load has not landed" in error:
             if self.loaded_at() is not None:
                 self.fail(f"as-of {at.isoformat()} was refused as before the load landed, but it has: {error}")

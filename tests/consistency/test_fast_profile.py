@@ -11,7 +11,7 @@ from tests.consistency.harness import CRASH_POINTS, Run, run_sequence
 
 # seed -> the crash points that seed injects; together they cover every point.
 FAST_SEEDS = {
-    1: ["load_after_snapshot", "after_read", "during_mark"],
+    1: ["load_after_snapshot", "after_read", "during_mark", "rebase_after_snapshot"],
     2: ["load_during_write", "during_write", "compact_during_write"],
     3: ["load_after_commit", "after_commit", "during_vacuum"],
 }

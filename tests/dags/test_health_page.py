@@ -207,3 +207,25 @@ def test_a_table_being_rebuilt_shows_why_with_its_column_names_escaped(airflow_h
     page = health_page.build_page()
     assert "rebuilding from PostgreSQL (column &quot;&lt;b&gt;x&lt;/b&gt;&quot; was renamed to y)" in page
     assert "<b>x</b>" not in page
+
+
+def test_a_table_dropped_and_created_again_shows_it_with_its_name_escaped(airflow_home, pg_conn, table_name):
+    """Not registered again, the new table's writes are not captured: the page says so. The table's
+    name is its owner's text."""
+    import html
+
+    from coldharbor_airflow import health_page
+
+    name = f'{table_name} <b>x</b> "q\'s" ü'
+    quoted = '"' + name.replace('"', '""') + '"'
+    pg_conn.execute(f"CREATE TABLE {quoted} (id bigint PRIMARY KEY)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (quoted,))
+    page = health_page.build_page()
+    row = next(line for line in page.split("<tr>") if html.escape(f"public.{name}") in line)
+    assert "dropped and created again" not in row
+    pg_conn.execute(f"DROP TABLE {quoted}")
+    pg_conn.execute(f"CREATE TABLE {quoted} (id bigint PRIMARY KEY)")
+    page = health_page.build_page()
+    row = next(line for line in page.split("<tr>") if html.escape(f"public.{name}") in line)
+    assert "dropped and created again since it was registered: its writes are not captured" in row
+    assert "<b>x</b>" not in page

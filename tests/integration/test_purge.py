@@ -188,3 +188,38 @@ def test_purging_an_unregistered_table_is_refused(pg_dsn, lake_root, monkeypatch
     assert purge_main(["--table", "public.nope", "--where", "id = 1", "--lake-root", lake_root,
                        "--vacuum-retention-hours", "200"]) == 2
     assert "not registered" in caplog.text
+
+
+@pytest.mark.parametrize("where, refusal", [
+    ("code = 1", "column day holds 'infinity' (row region=north ü, day=infinity, code=1.00)"),
+    ("day < '2000-01-01'", "column day holds '0044-03-15 BC' (row region=north ü, day=0044-03-15 BC, code=2.00)"),
+    ("region = 'north ü'", "column day holds "),
+], ids=["infinity", "bc", "either"])
+def test_a_key_the_purge_cannot_read_is_refused_in_one_line(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                            monkeypatch, caplog, where, refusal):
+    """psycopg cannot give a date key of infinity or BC to Python: the purge died with a DataError
+    traceback. Such a row never reached the lake (its export is refused): the purge refuses in one
+    line naming it, and changes nothing."""
+    pg_conn.execute(f"CREATE TABLE {table_name} (region text, day date, code numeric(10,2), v text, "
+                    "PRIMARY KEY (region, day, code))")
+    pg_conn.execute(f"INSERT INTO {table_name} SELECT 'r ' || (g % 3) || ' ü', date '2020-01-01' + g, g / 4.0, "
+                    "'v' || g FROM generate_series(1, 30) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    [table] = registry.load(pg_conn, table_name)
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES ('north ü', 'infinity', 1, 'new'), "
+                    "('north ü', '0044-03-15 BC', 2, 'new')")
+    version = lake.pin_version(spark, table.lake_path(lake_root))
+    query = f"SELECT region, day::text, code, v FROM {table_name}"
+    before = pg_rows(pg_conn, query, ["region", "day", "code"])
+    dirty = dirty_ids(pg_conn, table_name)
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+
+    assert purge_main(["--table", table_name, "--where", where, "--lake-root", lake_root,
+                       "--vacuum-retention-hours", "200"]) == 2
+    [line] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert f"purge failed: public.{table_name}: {refusal}" in line and "nothing was purged" in line, line
+    assert "Traceback" not in caplog.text
+    assert pg_rows(pg_conn, query, ["region", "day", "code"]) == before
+    assert dirty_ids(pg_conn, table_name) == dirty
+    assert lake.pin_version(spark, table.lake_path(lake_root)) == version

@@ -7,6 +7,8 @@ DEFAULT and a drop-and-register-again that left the lake with rows PostgreSQL no
 
 from __future__ import annotations
 
+import uuid
+
 import psycopg
 import pytest
 
@@ -95,6 +97,11 @@ def test_ddl_that_changes_rows_sends_the_table_back_and_the_next_export_rebuilds
     exported_and_in_the_lake(spark, pg_conn, pg_dsn, lake_root, t)
     state = state_of(pg_conn, t)
     assert not state.pending and state.loaded_at is not None  # the initial load's time stays
+    assert state.rebase_reason is None  # settled: the reason stays in coldharbor.rebases only
+    [(kept, settled)] = pg_conn.execute(
+        "SELECT r.reason, r.settled_at IS NOT NULL FROM coldharbor.rebases r JOIN coldharbor.tables t USING "
+        "(table_id) WHERE t.table_name = %s ORDER BY r.serial DESC LIMIT 1", (t,)).fetchall()
+    assert reason in kept and settled
     record = report_equals_postgres(monkeypatch, pg_conn, pg_dsn, lake_root, t, f"r2_{t}")
     assert not record["served_from_postgres"]
 
@@ -149,7 +156,7 @@ def test_registering_the_same_table_again_changes_nothing(spark, pg_dsn, pg_conn
     assert not state_of(pg_conn, table_name).pending
 
 
-@pytest.mark.parametrize("point", ["resync_after_intent", "resync_after_commit"],
+@pytest.mark.parametrize("point", ["rebase_after_intent", "rebase_after_commit"],
                          ids=["before the snapshot, after the columns were read", "after the commit"])
 def test_a_rebase_requested_while_the_base_is_written_keeps_the_table_pending(spark, pg_dsn, admin_dsn, pg_conn,
                                                                              table_name, lake_root, monkeypatch,
@@ -192,3 +199,108 @@ def test_a_pipeline_login_cannot_request_a_rebase(pg_dsn, pg_conn, table_name):
     [table] = registry.load(pg_conn, table_name)
     with pg.connect(pg_dsn) as pipeline, pytest.raises(psycopg.errors.InsufficientPrivilege):
         pipeline.execute("UPDATE coldharbor.tables SET rebase_reason = 'x' WHERE table_id = %s", (table.table_id,))
+
+
+HOSTILE = ' "q\'s" ü'  # a quote of each kind, spaces and a non-ASCII letter in the table's name
+
+
+def test_a_table_dropped_and_created_again_but_not_registered_again_is_refused_by_every_job(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog):
+    """The registration still names the old relation; the new table has no capture triggers, so its
+    writes are not captured: every job refuses it in one line (exit 2) and writes nothing, with or
+    without the sql_drop event trigger's record of the drop."""
+    from tests.integration.test_one_line_failures import one_error_line, run_job
+
+    name = table_name + HOSTILE
+    quoted = '"' + name.replace('"', '""') + '"'
+    pg_conn.execute(f"CREATE TABLE {quoted} ({DDL})")
+    pg_conn.execute(f"INSERT INTO {quoted} SELECT g, 'c', g, 'new' FROM generate_series(1, 50) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (quoted,))
+    assert export(spark, pg_dsn, f"public.{name}", lake_root).status == "loaded"
+    path = f"{lake_root}/public/{name}"
+    from coldharbor import lake
+    version = lake.pin_version(spark, path)
+    pg_conn.execute(f"DROP TABLE {quoted}")
+    pg_conn.execute(f"CREATE TABLE {quoted} ({DDL})")
+    pg_conn.execute(f"INSERT INTO {quoted} SELECT g, 'other', g, 'new' FROM generate_series(1, 70) g")
+    [table] = registry.load(pg_conn, f"public.{name}")
+    batches = pg_conn.execute("SELECT count(*) FROM coldharbor.export_batches WHERE table_id = %s",
+                              (table.table_id,)).fetchone()[0]
+    expected = f"public.{quoted} was dropped and created again since it was registered"
+    again = "SELECT coldharbor.register_table('public." + quoted.replace("'", "''") + "')"
+
+    for recorded_drop in (True, False):
+        if not recorded_drop:  # as without the event trigger (a migration by a non-superuser)
+            pg_conn.execute("UPDATE coldharbor.tables SET dropped_at = NULL WHERE table_id = %s", (table.table_id,))
+        for job, args in [("cdc_export.py", []), ("cdc_export.py", ["--table", f"public.{name}"]),
+                          ("cleanup.py", []), ("compact.py", []), ("compact.py", ["--table", f"public.{name}"]),
+                          ("verify.py", ["--table", f"public.{name}"]), ("resync.py", ["--table", f"public.{name}"]),
+                          ("purge.py", ["--table", f"public.{name}", "--where", "id = 1",
+                                        "--vacuum-retention-hours", "168"])]:
+            done = run_job(job, "--lake-root", lake_root, *args, dsn=pg_dsn)
+            assert done.returncode == 2, (job, done.stderr[-3000:])
+            line = one_error_line(done.stderr)
+            assert expected in line and again in line, (job, line)
+        caplog.clear()
+        run_id = f"replaced-{recorded_drop}-{table.table_id}"
+        assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT count(*) AS n FROM public.`{name}`",
+                            "--target", "adhoc_replaced", "--run-id", run_id) == 2
+        assert expected in report_run(pg_conn, run_id)["error"] and "Traceback" not in caplog.text
+
+    assert lake.pin_version(spark, path) == version  # nothing written
+    assert pg_conn.execute("SELECT count(*) FROM coldharbor.export_batches WHERE table_id = %s",
+                           (table.table_id,)).fetchone()[0] == batches
+    # Registered again: the next export rebuilds the lake from the new table.
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (quoted,))
+    assert state_of(pg_conn, f"public.{name}").pending
+    assert export(spark, pg_dsn, f"public.{name}", lake_root).status == "loaded"
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT count(*) AS n, min(customer) AS c "
+                        f"FROM public.`{name}`", "--target", "adhoc_replaced", "--run-id", f"again-{table.table_id}") == 0
+    assert pg_conn.execute("SELECT n, c FROM reports.adhoc_replaced").fetchone() == (70, "other")
+
+
+def clock(conn) -> object:
+    return conn.execute("SELECT clock_timestamp()").fetchone()[0]
+
+
+def as_of_report(monkeypatch, dsn: str, lake_root: str, name: str, instant, run_id: str) -> int:
+    return serve_report(monkeypatch, dsn, lake_root, "--sql", f"SELECT * FROM public.`{name}`",
+                        "--target", f"adhoc_{run_id}", "--as-of", instant.isoformat(), "--run-id", run_id)
+
+
+def test_as_of_reports_across_a_rebase_are_exact_before_and_after_it_and_refused_inside(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
+    """ADD COLUMN ... DEFAULT at T1 changes every row without writing one; the new base lands at T2.
+    Asked after T2, an instant in [T1, T2) read the pre-DDL lake rows (region NULL) where PostgreSQL
+    held 'eu': it is refused, naming the table and the window; instants outside are exact."""
+    name = table_name + HOSTILE
+    quoted = '"' + name.replace('"', '""') + '"'
+    pg_conn.execute(f"CREATE TABLE {quoted} ({DDL})")
+    pg_conn.execute(f"INSERT INTO {quoted} SELECT g, 'c' || (g % 13), g * 0.5, 'new' FROM generate_series(1, 300) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (quoted,))
+    assert export(spark, pg_dsn, f"public.{name}", lake_root).status in ("exported", "loaded")
+    pg_conn.execute(f"UPDATE {quoted} SET amount = amount + 1 WHERE id <= 10")
+    assert export(spark, pg_dsn, f"public.{name}", lake_root).status in ("exported", "loaded")
+    before = pg_rows(pg_conn, f"SELECT *, NULL::text AS region FROM {quoted}", ["id"])
+    t_before = clock(pg_conn)
+    pg_conn.execute(f"ALTER TABLE {quoted} ADD COLUMN region text DEFAULT 'eu'")
+    t_inside = clock(pg_conn)
+    assert export(spark, pg_dsn, f"public.{name}", lake_root).status in ("exported", "loaded")
+    t_after = clock(pg_conn)
+    after = pg_rows(pg_conn, f"SELECT * FROM {quoted}", ["id"])
+
+    run = f"r{uuid.uuid4().hex[:8]}"
+    assert as_of_report(monkeypatch, pg_dsn, lake_root, name, t_before, f"{run}_before") == 0
+    assert pg_rows(pg_conn, f"SELECT * FROM reports.adhoc_{run}_before", ["id"]) == before
+    assert as_of_report(monkeypatch, pg_dsn, lake_root, name, t_after, f"{run}_after") == 0
+    assert pg_rows(pg_conn, f"SELECT * FROM reports.adhoc_{run}_after", ["id"]) == after
+    assert as_of_report(monkeypatch, pg_dsn, lake_root, name, t_inside, f"{run}_inside") == 2
+    error = report_run(pg_conn, f"{run}_inside")["error"]
+    assert error.startswith(f"as-of {t_inside.isoformat()} cannot be answered for public.{quoted}: it falls "
+                            "inside a rebase: column region was added with a default"), error
+    [table] = registry.load(pg_conn, f"public.{name}")
+    window = pg_conn.execute("SELECT requested_at, settled_at FROM coldharbor.rebases WHERE table_id = %s",
+                             (table.table_id,)).fetchall()
+    assert len(window) == 1 and t_before < window[0][0] < t_inside < window[0][1] < t_after
+    assert f"from {window[0][0].isoformat()} until its new base of {window[0][1].isoformat()}" in error
+    assert pg_conn.execute(f"SELECT to_regclass('reports.adhoc_{run}_inside')").fetchone()[0] is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from delta.tables import DeltaTable
@@ -128,6 +129,47 @@ def test_resync_keeps_earlier_versions_for_as_of_reports(spark, pg_dsn, pg_conn,
         pg_conn.execute(f"SELECT sum(amount) FROM {table_name}").fetchone()[0]
 
 
+def test_a_lake_moved_aside_and_written_again_starts_as_of_history_at_its_new_base(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog):
+    """The export's own advice for a lake that no longer matches: move it aside, write it whole again.
+    Changes alone must not start the new lake; once the resync's base did, an as-of instant before it
+    is refused (the lake there now knows nothing earlier) instead of answering with no rows."""
+    name = table_name + ' "q\'s" ü'
+    quoted = '"' + name.replace('"', '""') + '"'
+    pg_conn.execute(f"CREATE TABLE {quoted} ({DDL})")
+    pg_conn.execute(f"INSERT INTO {quoted} SELECT g, 'c', g * 0.5, 'new' FROM generate_series(1, 200) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (quoted,))
+    export(spark, pg_dsn, f"public.{name}", lake_root)
+    pg_conn.execute(f"UPDATE {quoted} SET status = 'paid' WHERE id <= 20")
+    export(spark, pg_dsn, f"public.{name}", lake_root)
+    between = pg_conn.execute("SELECT clock_timestamp()").fetchone()[0]
+    path = Path(lake_root) / "public" / name
+    path.rename(path.with_name("moved aside"))
+    pg_conn.execute(f"UPDATE {quoted} SET status = 'late' WHERE id = 3")
+
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    assert export_job.main(["--table", f"public.{name}", "--lake-root", lake_root]) == 2
+    [line] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert f"there is no lake table of public.{quoted} at {path}" in line
+    assert "jobs/resync.py --table 'public." + name.replace("'", "'\"'\"'") + "'" in line
+    assert not path.exists()  # nothing written
+
+    run_resync(spark, pg_dsn, f"public.{name}", lake_root)
+    assert export(spark, pg_dsn, f"public.{name}", lake_root).status == "exported"  # the change dirty since
+    [table] = registry.load(pg_conn, f"public.{name}")
+    base_at = pg_conn.execute("SELECT loaded_at FROM coldharbor.tables WHERE table_id = %s",
+                              (table.table_id,)).fetchone()[0]
+    assert base_at > between
+    query = f"SELECT count(*) AS n, min(status) AS s FROM public.`{name}`"
+    run_id = f"moved-{table.table_id}"
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", query, "--target", "adhoc_moved",
+                        "--as-of", between.isoformat(), "--run-id", run_id) == 2
+    assert "the lake knows nothing earlier" in report_run(pg_conn, run_id)["error"]
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", query, "--target", "adhoc_moved", "--as-of",
+                        pg_conn.execute("SELECT clock_timestamp()").fetchone()[0].isoformat()) == 0
+    assert pg_conn.execute("SELECT n, s FROM reports.adhoc_moved").fetchone() == (200, "late")
+
+
 def take_backup(conn, name: str) -> dict:
     """What a backup of PostgreSQL holds of the table: its rows, its change_log (ids and which are
     dirty), its batch counter."""
@@ -177,7 +219,11 @@ def test_an_export_after_postgresql_was_restored_from_a_backup_is_refused_until_
     assert f"jobs/resync.py --table public.{table_name}" in caplog.text
     assert dirty_ids(pg_conn, table_name) == dirty  # nothing marked flushed
     assert lake.pin_version(spark, path) == version  # nothing written
-    assert not run_verify(spark, pg_dsn, table_name, lake_root).in_sync
+    caplog.clear()
+    assert verify.main(["--table", table_name, "--lake-root", lake_root]) == 2
+    [line] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert f"public.{table_name} cannot be verified: the lake is ahead of PostgreSQL" in line, line
+    assert f"`jobs/resync.py --table public.{table_name}`" in line
 
     run_resync(spark, pg_dsn, table_name, lake_root)
     assert run_verify(spark, pg_dsn, table_name, lake_root).in_sync

@@ -145,8 +145,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         exported_at = datetime.now(timezone.utc)
         app_id = lake.export_app_id(table.table_id)
         rows = images.transform(to_lake_rows(columns, batch.batch_id, exported_at))
-        if faults.armed("during_write"):
-            rows = faults.crash_inside_tasks(rows, "during_write")
+        rows = faults.inside_tasks(rows, "during_write")
         with pg.lake_commit_lock(conn, table.table_id, path):
             if change.widened:
                 lake.widen_columns(spark, path, change.widened, table.partition_by,

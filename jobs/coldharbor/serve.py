@@ -27,6 +27,7 @@ from coldharbor.pg import JdbcTarget
 from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.report_runs import RunRecord
 from coldharbor.report_spec import ReportSpec
+from coldharbor.spark import local_checkpoint
 from coldharbor.unified import cold_live, table_contract, unified_rows
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def hot_frame(spark: SparkSession, hot: HotTable) -> DataFrame:
         from pyspark.sql.pandas.types import from_arrow_schema
 
         return spark.createDataFrame([], from_arrow_schema(hot.images.schema))
-    return spark.createDataFrame(hot.images).localCheckpoint(eager=False)
+    return local_checkpoint(spark.createDataFrame(hot.images), eager=False)
 
 
 def table_view(spark: SparkSession, hot: HotTable, version: int | None, lake_root: str,

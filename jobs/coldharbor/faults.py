@@ -108,12 +108,14 @@ def crash_inside_tasks(rows, point: str):
     and the write with it. On a Spark Connect session the task runs in the server, which is not
     the job's to kill: the task kills the job's client process instead (tests run both on one
     machine) and goes on, so the write ends without its client, as Spark Connect lets any operation
-    whose client died run to its end (it may commit). A JVM is never the target over Connect."""
+    whose client died run to its end (it may commit). A JVM is never the target over Connect. With
+    COLDHARBOR_PAUSE_AT=<point> as well, the task then holds that orphaned write as a pause does."""
     from pyspark.sql import functions as F
     from pyspark.sql.utils import is_remote
 
     if is_remote():
-        return rows.filter(_client_killer(point, os.getpid())(F.lit(1)))
+        hold = os.environ[PAUSE_DIR_ENV] if os.environ.get(PAUSE_ENV) == point else None
+        return rows.filter(_client_killer(point, os.getpid(), hold)(F.lit(1)))
     return rows.filter(_driver_killer(point)(F.lit(1)))
 
 
@@ -138,10 +140,11 @@ def _driver_killer(point: str):
     return _kill.asNondeterministic()
 
 
-def _client_killer(point: str, client_pid: int):
+def _client_killer(point: str, client_pid: int, hold: str | None = None):
     """The UDF that SIGKILLs the Connect client `client_pid`, once, if it is still the process it
-    was when the plan was built (a pid reused since is left alone), then lets its row through.
-    Self-contained: the server's Python workers need not import coldharbor."""
+    was when the plan was built (a pid reused since is left alone), then lets its row through, after
+    waiting in folder `hold` for <point>.resume if one is given. Self-contained: the server's Python
+    workers need not import coldharbor."""
     from pyspark.sql import functions as F
 
     def start_time(pid: int) -> str | None:
@@ -154,6 +157,7 @@ def _client_killer(point: str, client_pid: int):
         return None if fields[0] in ("Z", "X") else fields[19]
 
     client_started = start_time(client_pid)
+    timeout_s = PAUSE_TIMEOUT_S
 
     @F.udf("boolean")
     def _kill(_):
@@ -169,6 +173,12 @@ def _client_killer(point: str, client_pid: int):
             deadline = time.monotonic() + 10
             while start_time(client_pid) == client_started and time.monotonic() < deadline:
                 time.sleep(0.05)  # the write goes on once its client is dead
+            if hold is not None:
+                with open(os.path.join(hold, f"{point}.reached"), "w") as marker:
+                    marker.write(str(os.getpid()))
+                deadline = time.monotonic() + timeout_s
+                while not os.path.exists(os.path.join(hold, f"{point}.resume")) and time.monotonic() < deadline:
+                    time.sleep(0.05)
         return True
 
     return _kill.asNondeterministic()

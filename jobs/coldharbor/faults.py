@@ -169,7 +169,10 @@ def _client_killer(point: str, client_pid: int, hold: str | None = None):
         if client_started is not None and start_time(client_pid) == client_started:
             print(f"fault injection: killing the client (pid {client_pid}) at {point} (inside a Spark task)",
                   file=sys.stderr, flush=True)
-            os.kill(client_pid, signal.SIGKILL)
+            try:
+                os.kill(client_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # another task of the write killed it first
             deadline = time.monotonic() + 10
             while start_time(client_pid) == client_started and time.monotonic() < deadline:
                 time.sleep(0.05)  # the write goes on once its client is dead

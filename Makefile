@@ -35,9 +35,9 @@ compact: setup                     ## compact every registered table's lake file
 cleanup: setup                     ## evict, VACUUM, prune the change log (add ARGS=--dry-run to look first)
 	set -a && . $(DATA)/coldharbor.env && set +a && $(SPARK_SUBMIT) jobs/cleanup.py $(ARGS)
 
-consistency: setup                 ## the consistency suite's long profile (SEEDS=20 STEPS=40): one summary line
+consistency: setup                 ## the consistency suite's long profile (SEEDS=20 STEPS=40 ENGINE=spark-submit|connect): one summary line
 	cd $(CURDIR) && PYTHONPATH=$(CURDIR)/jobs:$(CURDIR) $(BIN)/python -m tests.consistency.long_run \
-	  --seeds $(or $(SEEDS),20) --steps $(or $(STEPS),40)
+	  --seeds $(or $(SEEDS),20) --steps $(or $(STEPS),40) --engine $(or $(ENGINE),spark-submit)
 
 bench: setup                       ## every benchmark, one table of ratios
 	$(BIN)/python -m bench.run_all

@@ -292,8 +292,7 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
         rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=table.hot_retention is not None)
                 .transform(to_lake_rows(columns, batch_id, datetime.now(timezone.utc))))
-        if faults.armed(f"{points}_during_write"):
-            rows = faults.crash_inside_tasks(rows, f"{points}_during_write")
+        rows = faults.inside_tasks(rows, f"{points}_during_write")
         with pg.lake_commit_lock(conn, table.table_id, path):
             if change.widened:
                 lake.widen_columns(spark, path, change.widened, table.partition_by,

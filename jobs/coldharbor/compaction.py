@@ -220,8 +220,7 @@ def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: Reg
                      F.count(F.when(F.col(KEEP) & F.col(DELETED), 1)).alias("markers_after"))
             .filter(F.col(KEEP)).drop(KEEP))
     out = _layout(kept, table, output_file_count(result.bytes_before, config))
-    if faults.armed("compact_during_write"):
-        out = faults.crash_inside_tasks(out, "compact_during_write")  # killed with the rewrite's files half written
+    out = faults.inside_tasks(out, "compact_during_write")  # killed with the rewrite's files half written
     metadata = {"operation": OPERATION, "run_id": config.run_id, "table": table.qualified_name,
                 "partition": dict(partition), "read_version": snap.version, "max_batch_id": max_batch}
     hook("compact_before_commit")

@@ -13,8 +13,10 @@ import argparse
 import logging
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import TypeVar
 
 import psycopg
 from pyspark.sql import SparkSession
@@ -27,6 +29,7 @@ from coldharbor.registry import RegisteredTable
 from coldharbor.unified import table_contract
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -146,8 +149,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         exported_at = datetime.now(timezone.utc)
         app_id = lake.export_app_id(table.table_id)
         rows = images.transform(to_lake_rows(columns, batch.batch_id, exported_at))
-        if faults.armed("during_write"):
-            rows = faults.crash_inside_tasks(rows, "during_write")
+        rows = faults.inside_tasks(rows, "during_write")
         with pg.lake_commit_lock(conn, table.table_id, path):
             if change.widened:
                 lake.widen_columns(spark, path, change.widened, table.partition_by,
@@ -208,12 +210,16 @@ def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: Regist
     for batch_id, kind, token in pending:
         try:
             if kind in base_load.KINDS:
-                if base_load.finish_if_committed(spark, conn, table, path, batch_id, kind, token) is None:
+                def finish():
+                    return base_load.finish_if_committed(spark, conn, table, path, batch_id, kind, token)
+
+                if committed_or_fenced(spark, conn, table, path, batch_id, finish) is None:
                     batches.abandon(conn, table.table_id, batch_id)
                     log.warning("%s: the %s in batch %s never reached the lake; it is written again",
                                 table.qualified_name, kind, batch_id)
                 continue
-            version = lake.find_batch_commit(spark, path, app_id, batch_id, token, table.qualified_name)
+            version = committed_or_fenced(spark, conn, table, path, batch_id, lambda: lake.find_batch_commit(
+                spark, path, app_id, batch_id, token, table.qualified_name))
         except lake.LakeAheadError:
             if not abandon_foreign:
                 raise
@@ -230,6 +236,19 @@ def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: Regist
             log.warning("%s: batch %s was committed as Delta version %s but not marked; marked %s changes now",
                         table.qualified_name, batch_id, version, marked)
     return len(pending)
+
+
+def committed_or_fenced(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
+                        batch_id: int, find: Callable[[], T | None]) -> T | None:
+    """What `find` finds of a pending batch's commit; when it finds nothing, the batch is fenced
+    first (`lake.fence_batch`: a write of it still running, as on a Spark Connect server whose client
+    died, can then never land) and looked for once more, in case it landed just before the fence."""
+    found = find()
+    if found is None:
+        with pg.lake_commit_lock(conn, table.table_id, path):
+            lake.fence_batch(spark, path, lake.export_app_id(table.table_id), batch_id, table.partition_by)
+        found = find()
+    return found
 
 
 def _log_batch(table: RegisteredTable, batch: batches.Batch, version: int, marked: int) -> None:

@@ -19,7 +19,7 @@ from coldharbor.errors import ReportError
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ
 from coldharbor.pg import JdbcTarget
 from coldharbor.registry import LakeColumn, RegisteredTable
-from coldharbor.spark import parallelism as spark_parallelism
+from coldharbor.spark import local_checkpoint, parallelism as spark_parallelism
 
 # PostgreSQL types the JDBC driver would not hand over as the lake type: cast to text in SQL.
 AS_TEXT = {"uuid", "json", "jsonb"}
@@ -184,7 +184,7 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
         share = snapshot_read(spark, jdbc, query, snapshot_id, f"SET work_mem = '{EXPORT_WORK_MEM}'; ")
         images = share if images is None else images.union(share)
     faults.from_environment("before_jdbc_read")  # the readers connect in the checkpoint's tasks
-    images = images.localCheckpoint(eager=True)
+    images = local_checkpoint(images, eager=True)
     if not lake_values.has_limits(columns, through_jdbc=True):
         return images.drop(lake_values.PROBLEM)
     return refuse_unheld(images, table)

@@ -39,6 +39,7 @@ from coldharbor import (hot_reader, lake, lake_store, lake_values, maintenance_r
                         settings)
 from coldharbor.cleanup import DELTA_GUARD_HOURS, check_retention, vacuum_files
 from coldharbor.errors import LakeUnavailableError, TableBusyError
+from coldharbor.export import recover_pending
 from coldharbor.job_main import run_job
 from coldharbor.lake_rows import DELETED, latest_per_key
 from coldharbor.purge_predicate import Predicate
@@ -90,6 +91,10 @@ def purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable,
             if not locks.enter_context(pg.advisory_lock(conn, kind, table.table_id)):
                 raise TableBusyError(f"cannot purge {table.qualified_name} now: a {kind} run holds its lock; "
                                      "nothing was changed, try again when it has finished")
+        # An export that died before its mark leaves a pending batch whose write may still be running
+        # (a Spark Connect server finishes a dead client's write): settled first, it cannot land the
+        # purged rows again after the purge.
+        recover_pending(spark, conn, table, table.lake_path(config.lake_root))
         maintenance_runs.start(conn, config.run_id, table.table_id, "purge")
         try:
             result = _purge(spark, conn, table, columns, predicate, config)

@@ -36,7 +36,7 @@ def write_postgres(result: DataFrame, conn: psycopg.Connection, jdbc: JdbcTarget
     """Writes `result` to reports.<target>, atomically for readers; returns the row count."""
     stage = stage_name(target)
     try:
-        (result.write.format("jdbc").options(**jdbc.options())
+        (faults.inside_tasks(result, "report_during_write").write.format("jdbc").options(**jdbc.options())
          .option("dbtable", f'{REPORTS_SCHEMA}."{stage}"')
          .option("batchsize", JDBC_WRITE_BATCH)
          .mode("error").save())  # error if it exists; the Connect client knows only this spelling

@@ -242,6 +242,25 @@ def _first_line(exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
+def local_checkpoint(rows, eager: bool):
+    """`rows.localCheckpoint(eager)`, bound to the session `rows` belong to.
+
+    PySpark's Connect client gives the DataFrame a checkpoint returns to the thread's active
+    session, which stays the first session the thread opened: in a process with several sessions
+    (tests, a worker running jobs in-process) the checkpoint of a later one was then looked for in
+    the first one (DATAFRAME_NOT_FOUND), or released there. The session of `rows` is made the
+    thread's active one for the call; a classic session has no such step."""
+    holder = getattr(type(rows.sparkSession), "_active_session", None)  # a Connect session's thread-local
+    if holder is None:
+        return rows.localCheckpoint(eager)
+    previous = getattr(holder, "session", None)
+    holder.session = rows.sparkSession
+    try:
+        return rows.localCheckpoint(eager)
+    finally:
+        holder.session = previous
+
+
 _parallelism_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

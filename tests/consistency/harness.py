@@ -12,6 +12,13 @@ transaction held open across later steps, export (optionally with a writer commi
 compaction, cleanup (eviction, VACUUM, pruning), purge, reports now and as of a past instant, and
 crashes: the job runs under spark-submit with COLDHARBOR_CRASH_AT=<point> and must die there by
 SIGKILL (a point never reached is an error, not a pass); the next run must recover.
+
+With `connect_url` every job runs as a client of that Spark Connect server instead: the crashed job
+is `python jobs/<job>.py` killed at the point (inside a Spark task, the task kills the client, and
+the server carries the orphaned write to its end), and every other step, recovery included, runs
+on the Connect session given as `spark`. The server goes on after a client dies, so before the
+recovery the harness waits for what the dead client left running there (a write inside which it
+was killed, a VACUUM) to end: the next run then meets a settled lake, and a seed replays the same.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from coldharbor import cleanup, compaction, pg, purge, registry
+from coldharbor import cleanup, compaction, lake_store, pg, purge, registry
+from tests.connect_server import run_job
 from tests.consistency.model import Model
 from tests.helpers import export, lake_live, spark_submit
 
@@ -54,6 +62,10 @@ EXPORT_HOOK_POINTS = ("load_after_intent", "load_after_snapshot", "after_read", 
                       "after_mark")
 WRITE_STEPS = ("insert", "update", "delete", "delete_reinsert", "pk_change", "bulk_update", "bulk_delete",
                "bulk_insert")
+# What a job killed over Spark Connect left running on the server, by crash point: the history
+# entry that shows it ended (None: any new commit). Points not listed leave nothing running.
+ORPHANS = {**{point: None for point in TASK_POINTS}, "during_vacuum": "VACUUM END"}
+ORPHAN_TIMEOUT_S = 300
 # Relative weights of the steps drawn at random.
 WEIGHTS = {"insert": 6, "update": 6, "delete": 4, "delete_reinsert": 2, "pk_change": 2, "bulk_update": 2,
            "bulk_delete": 1, "bulk_insert": 2, "hold_open": 2, "export": 6, "export_with_writer": 3,
@@ -66,6 +78,10 @@ class Violation(AssertionError):
 
 class CrashPointNotReached(RuntimeError):
     """A named crash point the job never reached: a test error, never a pass."""
+
+
+class OrphanNotSettled(RuntimeError):
+    """What a killed Connect client left running on the server never ended: a test error."""
 
 
 @dataclass
@@ -96,6 +112,7 @@ class Run:
     export_instants: list = field(default_factory=list)
 
     prefilled: bool | None = None  # None: the seed decides
+    connect_url: str | None = None  # the jobs run as clients of this Spark Connect server
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -139,8 +156,12 @@ class Run:
 
     def stamp(self) -> None:
         """After a commit: record the model's state at PostgreSQL's clock."""
-        at = self.conn.execute("SELECT clock_timestamp()").fetchone()[0]
-        self.model.stamp(at)
+        self.model.stamp(self.now())
+
+    def now(self):
+        """PostgreSQL's clock, read in binary: psycopg parses no timestamptz text in the application
+        session's DateStyle 'SQL, DMY'."""
+        return self.conn.execute("SELECT clock_timestamp()", binary=True).fetchone()[0]
 
     def hot_keys(self) -> list[int]:
         """Keys PostgreSQL holds (evicted ones are only in the lake), minus the held transaction's."""
@@ -249,7 +270,7 @@ class Run:
             self.stamp()
         # An instant right after an export: as-of reports there are answerable unless a writer
         # committed inside it (the final as-of checks use these).
-        self.export_instants.append(self.conn.execute("SELECT clock_timestamp()").fetchone()[0])
+        self.export_instants.append(self.now())
         self.trace.append(f"export{f' with {kind} at {writer_at}' if writer_at else ''}: {result.status} "
                           f"batch {result.batch_id} rows {result.rows}{f' writer {made}' if made else ''}")
 
@@ -324,13 +345,14 @@ class Run:
         """The lake's newest live value per key (none before the first commit)."""
         from coldharbor import lake
 
-        path = f"{self.lake_root}/{self.table.replace('.', '/')}"
+        path = self.lake_path()
         if lake.pin_version(self.spark, path) is None:
             return {}
         return {key: row["v"] for (key,), row in lake_live(self.spark, self.lake_root, self.table, ["id"]).items()}
 
     def crash(self, point: str) -> None:
-        """The job under spark-submit, killed at `point`; then the next run must recover."""
+        """The job (under spark-submit, or as a Connect client) killed at `point`; then the next run
+        must recover."""
         job = CRASH_POINTS[point]
         if point.startswith("rebase_"):
             self.rewrite_table()
@@ -341,22 +363,32 @@ class Run:
         elif job == "cleanup.py":
             self.ensure_small_files(2)
             self.compact()  # the files it replaces are what VACUUM removes
-        args = {"cdc_export.py": [], "compact.py": ["--min-small-files", "2", "--target-file-mb", "1"],
-                "cleanup.py": ["--retention-hours", "0", "--allow-short-retention", "--no-evict"]}[job]
-        done = spark_submit(job, self.dsn, self.lake_root, "--table", self.table, *args,
-                            env={"COLDHARBOR_CRASH_AT": point})
-        # A point inside a Spark task kills the JVM (spark-submit itself: exit -9); the others kill
-        # the Python driver, which says so first.
+        args = ["--table", self.table, *{"cdc_export.py": [], "compact.py": ["--min-small-files", "2",
+                                                                            "--target-file-mb", "1"],
+                                         "cleanup.py": ["--retention-hours", "0", "--allow-short-retention",
+                                                        "--no-evict"]}[job]]
+        env = {"COLDHARBOR_CRASH_AT": point}
+        before = self.lake_version()
+        if self.connect_url:
+            done = run_job(job, self.connect_url, self.dsn, self.lake_root, *args, env=env)
+            output = done.stderr + done.stdout
+        else:
+            done = spark_submit(job, self.dsn, self.lake_root, *args, env=env)
+            output = done.stdout
+        # A point inside a Spark task kills the JVM (spark-submit itself: exit -9) or, over Connect,
+        # the client from the server's task; the others kill the job's process, which says so first.
         reached = (done.returncode == -9 if point in TASK_POINTS
-                   else f"fault injection: killing the process at {point}" in done.stdout)
+                   else f"fault injection: killing the process at {point}" in output)
         if not reached:
             raise CrashPointNotReached(f"seed {self.seed}: {job} never reached crash point {point} "
-                                       f"(exit {done.returncode}):\n{done.stdout[-3000:]}")
+                                       f"(exit {done.returncode}):\n{output[-3000:]}")
         if done.returncode == 0:
             raise CrashPointNotReached(f"seed {self.seed}: {job} finished normally; crash point {point} was "
-                                       f"never reached:\n{done.stdout[-3000:]}")
+                                       f"never reached:\n{output[-3000:]}")
         self.crashes.append(point)
         self.trace.append(f"crash at {point}: {job} exit {done.returncode}")
+        if self.connect_url and point in ORPHANS:
+            self.wait_for_orphan(point, before)
         # Recovery: the next run of the same job.
         {"cdc_export.py": self.export, "compact.py": self.compact, "cleanup.py": self.cleanup}[job]()
 
@@ -376,11 +408,39 @@ class Run:
                               AND (r.settled_at IS NULL OR %s < r.settled_at))""",
                                  (self.table, at, at)).fetchone()[0]
 
+    def lake_path(self) -> str:
+        return f"{self.lake_root}/{self.table.replace('.', '/')}"
+
+    def lake_version(self) -> int:
+        """The lake table's newest version (-1 before its first commit)."""
+        newest = lake_store.history(self.lake_path(), 1)
+        return newest[0]["version"] if newest else -1
+
+    def wait_for_orphan(self, point: str, before: int) -> None:
+        """Waits until the operation the client killed at `point` left on the Connect server has
+        ended: a commit after version `before` of the kind ORPHANS names."""
+        import time
+
+        wanted = ORPHANS[point]
+        deadline = time.monotonic() + ORPHAN_TIMEOUT_S
+        while True:
+            newer = [e for e in lake_store.history(self.lake_path(), 50) or [] if e["version"] > before]
+            ended = [e for e in newer if wanted is None or e.get("operation") == wanted]
+            if ended:
+                self.trace.append(f"the server ended what the killed client left at {point}: "
+                                  f"{ended[-1].get('operation')} at version {ended[-1]['version']}")
+                return
+            if time.monotonic() > deadline:
+                raise OrphanNotSettled(f"seed {self.seed}: the server's operation left by the client killed at "
+                                       f"{point} did not end within {ORPHAN_TIMEOUT_S} s (lake versions after "
+                                       f"{before}: {[(e['version'], e.get('operation')) for e in newer]})")
+            time.sleep(0.2)
+
     def ensure_small_files(self, count: int) -> None:
         """At least `count` lake files (each export adds one or more)."""
         from coldharbor import lake
 
-        path = f"{self.lake_root}/{self.table.replace('.', '/')}"
+        path = self.lake_path()
         while True:
             snap = lake.snapshot(self.spark, path)
             if snap is not None and len(snap.files) >= count:
@@ -463,7 +523,7 @@ class Run:
     def loaded_at(self):
         """The initial load's snapshot time, or None (pending, or registered empty)."""
         return self.conn.execute("SELECT loaded_at FROM coldharbor.tables WHERE schema_name || '.' || table_name = %s",
-                                 (self.table,)).fetchone()[0]
+                                 (self.table,), binary=True).fetchone()[0]
 
     def exported_together_around(self, at) -> bool:
         """Whether the lake has a key whose changes before and after `at` went out in one export."""
@@ -538,16 +598,17 @@ class Outcome:
 
 
 def run_sequence(seed: int, steps: int, crash_points: list[str], *, spark, dsn: str, admin_dsn: str,
-                 workdir: Path, prefilled: bool | None = None) -> Outcome:
+                 workdir: Path, prefilled: bool | None = None, connect_url: str | None = None) -> Outcome:
     """One seeded sequence of `steps` random steps with the given crash points spread over it: the jobs
     run as `dsn` (the pipeline's login), the application writes as `admin_dsn`. The table holds rows
     before its registration when `prefilled` (None: the seed decides; always when a crash point of
-    the initial load is asked for)."""
+    the initial load is asked for). With `connect_url` the jobs are clients of that Spark Connect
+    server, `spark` a session of it, and COLDHARBOR_SPARK_REMOTE must name it too (reports)."""
     load_points = [p for p in crash_points if p in LOAD_POINTS]
     if len(load_points) > 1:
         raise ValueError(f"one initial load per sequence: at most one of {LOAD_POINTS}, got {load_points}")
     run = Run(seed, spark, dsn, admin_dsn, str(workdir / f"lake-{seed}"),
-              prefilled=True if load_points else prefilled)
+              prefilled=True if load_points else prefilled, connect_url=connect_url)
     rng = random.Random(seed * 7919)
     later = [p for p in crash_points if p not in LOAD_POINTS]
     slots = sorted(rng.sample(range(2, steps), len(later))) if later else []

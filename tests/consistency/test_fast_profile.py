@@ -1,4 +1,5 @@
-"""The consistency suite's fast profile: fixed seeds, each crash point exercised once across them.
+"""The consistency suite's fast profile: fixed seeds, each crash point exercised once across them
+with the jobs under spark-submit, and once more with the jobs as clients of a Spark Connect server.
 
 The long profile is `make consistency` (tests/consistency/long_run.py): many seeds, one summary line.
 """
@@ -16,10 +17,15 @@ FAST_SEEDS = {
     3: ["load_after_commit", "after_commit", "during_vacuum"],
 }
 STEPS = 24
+# The same crash points over Connect, on seeds of their own and shorter sequences (a crashed Connect
+# client costs no JVM start, but the whole profile runs inside `make test`).
+CONNECT_SEEDS = {seed + 3: points for seed, points in FAST_SEEDS.items()}
+CONNECT_STEPS = 10
 
 
-def test_the_fast_seeds_cover_every_crash_point():
-    assert sorted(p for points in FAST_SEEDS.values() for p in points) == sorted(CRASH_POINTS)
+@pytest.mark.parametrize("seeds", [FAST_SEEDS, CONNECT_SEEDS], ids=["spark-submit", "connect"])
+def test_the_fast_seeds_cover_every_crash_point(seeds):
+    assert sorted(p for points in seeds.values() for p in points) == sorted(CRASH_POINTS)
 
 
 @pytest.mark.parametrize("seed", sorted(FAST_SEEDS))
@@ -30,6 +36,20 @@ def test_random_sequence_matches_the_model(seed, spark, pg_dsn, admin_dsn, tmp_p
     print(f"seed {seed}: {outcome.steps} steps, {outcome.reports} reports checked, crashes at {outcome.crashes}")
     assert outcome.reports >= 3
     assert sorted(outcome.crashes) == sorted(FAST_SEEDS[seed])
+
+
+@pytest.mark.parametrize("seed", sorted(CONNECT_SEEDS))
+def test_random_sequence_over_connect_matches_the_model(seed, on_connect, connect_spark, pg_dsn, admin_dsn, tmp_path,
+                                                        monkeypatch):
+    """Every job a Connect client: each crash point kills the client (inside a Spark task, from the
+    server's task), and the next run, over Connect too, recovers."""
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    outcome = run_sequence(seed, CONNECT_STEPS, CONNECT_SEEDS[seed], spark=connect_spark, dsn=pg_dsn,
+                           admin_dsn=admin_dsn, workdir=tmp_path, connect_url=on_connect)
+    print(f"seed {seed} over Connect: {outcome.steps} steps, {outcome.reports} reports checked, "
+          f"crashes at {outcome.crashes}")
+    assert outcome.reports >= 1
+    assert sorted(outcome.crashes) == sorted(CONNECT_SEEDS[seed])
 
 
 def test_a_purge_by_value_matches_the_model(spark, pg_dsn, admin_dsn, tmp_path, monkeypatch):

@@ -29,16 +29,22 @@ def test_as_of_between_two_changes_exported_together_is_refused(spark, pg_dsn, a
 
 
 def test_the_kept_seeds_file_lists_replayable_sequences():
-    """regressions.json is a list of {seed, steps, crash_points[, prefilled]}; an entry the replay
-    below cannot read would otherwise be a counter-example silently dropped."""
+    """regressions.json is a list of {seed, steps, crash_points[, prefilled, engine, found]} (long_run.py
+    writes `found`, the first line of the failure, and `engine` for a run over Spark Connect); an
+    entry the replay below cannot read would otherwise be a counter-example silently dropped."""
     assert isinstance(KEPT, list)
     for case in KEPT:
-        assert {"seed", "steps", "crash_points"} <= set(case) <= {"seed", "steps", "crash_points", "prefilled"}, case
+        assert {"seed", "steps", "crash_points"} <= set(case) <= {"seed", "steps", "crash_points", "prefilled", "engine",
+                                                                  "found"}, case
         assert isinstance(case["seed"], int) and isinstance(case["steps"], int) and case["steps"] > 0, case
+        assert case.get("engine", "spark-submit") in ("spark-submit", "connect"), case
 
 
 @pytest.mark.parametrize("case", KEPT, ids=[f"seed-{c['seed']}" for c in KEPT])  # skipped while none are kept
-def test_kept_seed_replays_clean(case, spark, pg_dsn, admin_dsn, tmp_path, monkeypatch):
+def test_kept_seed_replays_clean(case, request, pg_dsn, admin_dsn, tmp_path, monkeypatch):
+    """Replayed on the engine it was found on: spark-submit, or the run's Spark Connect server."""
     monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    connect_url = request.getfixturevalue("on_connect") if case.get("engine") == "connect" else None
+    spark = request.getfixturevalue("connect_spark" if connect_url else "spark")
     run_sequence(case["seed"], case["steps"], case["crash_points"], spark=spark, dsn=pg_dsn, admin_dsn=admin_dsn,
-                 workdir=tmp_path, prefilled=case.get("prefilled"))
+                 workdir=tmp_path, prefilled=case.get("prefilled"), connect_url=connect_url)

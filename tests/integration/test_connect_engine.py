@@ -128,3 +128,23 @@ def report_equals_postgresql(url: str, dsn: str, conn, lake_root: str, name: str
     assert served == conn.execute(f"{query} ORDER BY region").fetchall()
     run = conn.execute("SELECT state, dirty_rows FROM coldharbor.report_runs WHERE run_id = %s", (target,)).fetchone()
     assert run[0] == "succeeded" and run[1][f"public.{name}"] > 0, run
+
+
+def test_a_report_with_nothing_dirty_runs_over_connect(connect_server, connect_spark, pg_dsn, pg_conn, table_name,
+                                                       lake_root):
+    """Every change exported: the report's hot images are empty, a dataset a Spark Connect session
+    infers no schema from; the report is the lake alone, equal to PostgreSQL, now and as of now."""
+    url, name = connect_server.url, table_name
+    make_table(pg_conn, name)
+    change(pg_conn, name, 1)
+    ok(run_job("cdc_export.py", url, pg_dsn, lake_root, "--table", name))
+    assert dirty_ids(pg_conn, name) == []
+    query = f"SELECT region, id, at, amount, note FROM public.{name}"
+    for extra in ([], ["--as-of", pg_conn.execute("SELECT clock_timestamp()").fetchone()[0].isoformat()]):
+        target = f"adhoc_{uuid.uuid4().hex[:8]}"
+        ok(run_job("serve_report.py", url, pg_dsn, lake_root, "--sql", query, "--target", target, "--run-id", target,
+                   *extra))
+        assert pg_rows(pg_conn, f"SELECT region, id, at, amount, note FROM reports.{target}", ["region", "id"]) == \
+            expected(pg_conn, name)
+        run = pg_conn.execute("SELECT dirty_rows FROM coldharbor.report_runs WHERE run_id = %s", (target,)).fetchone()
+        assert run[0][f"public.{name}"] == 0, run

@@ -184,3 +184,29 @@ def test_a_job_whose_connect_server_dies_midway_fails_in_one_line(pg_dsn, pg_con
                 job.kill()
     assert "is unreachable or was restarted" in one_error_line((tmp_path / "job.log").read_text())
     assert len(dirty_ids(pg_conn, table_name)) == 100 and batches_of(pg_conn, table_name) == 0, "nothing recorded"
+
+
+def test_jobs_in_a_thread_that_opened_another_session_first(on_connect, pg_dsn, pg_conn, table_name, lake_root,
+                                                            monkeypatch):
+    """PySpark's Connect client hands a checkpoint to the thread's active session, the first one the
+    thread opened; the export's images and the report's hot images are checkpoints of the job's own
+    session, which must still find them when another session of the process came first (tests, a
+    worker running jobs in-process)."""
+    from coldharbor.spark import connect_session
+
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)  # serve_cli.main reads it
+    make_table(pg_conn, table_name, loaded=False)
+    first = connect_session(on_connect, "coldharbor-test-first")
+    try:
+        for change in (dirty_again, lambda conn, name: conn.execute(f"UPDATE {name} SET v = v || '?' WHERE id % 4 = 0")):
+            result = export(get_session("coldharbor-cdc-export"), pg_dsn, table_name, lake_root)
+            release_sessions()
+            assert result.status == "exported", result
+            change(pg_conn, table_name)  # dirty keys: the report checkpoints their hot images
+        target = f"adhoc_{uuid.uuid4().hex[:8]}"
+        assert serve_cli.main(["--lake-root", lake_root, "--sql", f"SELECT id, v, amount FROM public.{table_name}",
+                               "--target", target, "--run-id", target]) == 0
+        assert pg_rows(pg_conn, f"SELECT id, v, amount FROM reports.{target}", ["id"]) == \
+            pg_rows(pg_conn, f"SELECT id, v, amount FROM {table_name}", ["id"])
+    finally:
+        first.stop()

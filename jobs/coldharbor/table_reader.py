@@ -41,11 +41,21 @@ def export_snapshot(conn: psycopg.Connection, table: RegisteredTable) -> TableSn
     snapshot holds committed before `taken_at`.
     """
     snapshot_id, taken_at = conn.execute("SELECT pg_export_snapshot(), clock_timestamp()").fetchone()
+    return TableSnapshot(snapshot_id, taken_at, table_blocks(conn, table))
+
+
+def table_blocks(conn: psycopg.Connection, table: RegisteredTable) -> int:
+    """The table's size in blocks, or its largest partition's (a TID range applies to each partition).
+
+    pg_partition_tree() lists nothing for a table that is neither partitioned nor a partition: the
+    table's own size counts too, else every plain table was read by one reader."""
     blocks = conn.execute(sql.SQL(
-        "SELECT coalesce(max(pg_relation_size(r.relid) / current_setting('block_size')::bigint), 0) "
-        "FROM pg_partition_tree({rel}::regclass) r WHERE r.isleaf").format(
+        "SELECT greatest(pg_relation_size(rel.oid), "
+        "                (SELECT coalesce(max(pg_relation_size(r.relid)), 0) "
+        "                   FROM pg_partition_tree(rel.oid) r WHERE r.isleaf)) / current_setting('block_size')::bigint "
+        "FROM (SELECT {rel}::regclass AS oid) rel").format(
         rel=sql.Literal(table.identifier.as_string(conn)))).fetchone()[0]
-    return TableSnapshot(snapshot_id, taken_at, int(blocks))
+    return int(blocks)
 
 
 def block_ranges(blocks: int, parts: int) -> list[tuple[int | None, int | None]]:

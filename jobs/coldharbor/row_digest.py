@@ -9,9 +9,11 @@ accepted type and hostile values):
   BOOLEAN                         true | false
   FLOAT, DOUBLE                   the value's IEEE bits as a double, 16 hex digits (-0.0 is not 0.0;
                                   every NaN is the one NaN Java's doubleToLongBits gives)
-  DATE                            days since 1970-01-01
-  TIMESTAMP, TIMESTAMP_NTZ        microseconds since 2000-01-01 (UTC), 16 hex digits (PostgreSQL's
-                                  own binary form: no text formatting, no session setting)
+  DATE                            days since 2000-01-01, 8 hex digits
+  TIMESTAMP, TIMESTAMP_NTZ        microseconds since 2000-01-01 (UTC), 16 hex digits
+                                  (dates and timestamps in PostgreSQL's own binary form, two's
+                                  complement: no text formatting, no session setting, and no
+                                  value -- not even infinity -- that fails to spell)
   STRING                          the text the lake holds (a value's text output: char(n) padded,
                                   uuid and json as text), prefixed with its length in characters and ':'
   BINARY                          lower-case hex
@@ -39,13 +41,20 @@ FLOAT_TYPES = frozenset({"FLOAT", "DOUBLE"})
 # Java's doubleToLongBits(NaN), which PostgreSQL's float8send spells as 7ff8000000000000 for its own
 # NaN but not for a NaN of another sign or payload (Infinity - Infinity is fff8000000000000).
 NAN_BITS = "7ff8000000000000"
-MICROS_1970_TO_2000 = 946_684_800_000_000
+DAYS_1970_TO_2000 = 10_957
+MICROS_1970_TO_2000 = DAYS_1970_TO_2000 * 86_400_000_000
 
 ValueOf = Callable[[LakeColumn], sql.Composable]
 
 
-def _is_plain_text(pg_type: str) -> bool:
-    return pg_type == "text" or pg_type.startswith("character varying")
+def _pg_lake_text(column: LakeColumn, value: sql.Composable) -> sql.Composable:
+    """The text the lake holds for a STRING column's value: what the JDBC reader hands over."""
+    if column.pg_type == "text" or column.pg_type.startswith("character varying"):
+        return value
+    if column.pg_type in ("uuid", "json", "jsonb"):
+        return sql.SQL("({})::text").format(value)
+    # char(n): its text output, padded (::text trims it); concat() calls it, but makes NULL empty.
+    return sql.SQL("(CASE WHEN {v} IS NOT NULL THEN concat({v}) END)").format(v=value)
 
 
 def pg_spelling(column: LakeColumn, value: sql.Composable) -> sql.Composable:
@@ -57,16 +66,13 @@ def pg_spelling(column: LakeColumn, value: sql.Composable) -> sql.Composable:
         return sql.SQL("CASE WHEN {v} = 'NaN' THEN {nan} ELSE encode(float8send(({v})::float8), 'hex') END").format(
             v=value, nan=sql.Literal(NAN_BITS))
     if kind == "DATE":
-        return sql.SQL("(({}) - DATE '1970-01-01')::text").format(value)
+        return sql.SQL("encode(date_send({}), 'hex')").format(value)
     if kind == "TIMESTAMP":
         return sql.SQL("encode(timestamptz_send({}), 'hex')").format(value)
     if kind == "TIMESTAMP_NTZ":
         return sql.SQL("encode(timestamp_send({}), 'hex')").format(value)
     if kind == "STRING":
-        # Another type's text output (char(n) padded, as ::text would not): concat() calls it, but
-        # makes NULL an empty text.
-        text = value if _is_plain_text(column.pg_type) else sql.SQL(
-            "(CASE WHEN {v} IS NOT NULL THEN concat({v}) END)").format(v=value)
+        text = _pg_lake_text(column, value)
         return sql.SQL("(length({t})::text || ':' || {t})").format(t=text)
     if kind == "BINARY":
         return sql.SQL("encode({}, 'hex')").format(value)
@@ -82,7 +88,8 @@ def spark_spelling(column: LakeColumn, value: Column) -> Column:
         bits = F.reflect(F.lit("java.lang.Double"), F.lit("doubleToLongBits"), value.cast("double"))
         return F.when(value.isNotNull(), _hex64(bits.cast("long")))
     if kind == "DATE":
-        return F.unix_date(value).cast("string")
+        days = (F.unix_date(value) - F.lit(DAYS_1970_TO_2000)).cast("long").bitwiseAND(F.lit(0xFFFFFFFF))
+        return F.lpad(F.lower(F.hex(days)), 8, "0")
     if kind in TIMESTAMP_TYPES:  # a TIMESTAMP_NTZ is read as UTC: the jobs' session zone
         return _hex64(F.unix_micros(value.cast("timestamp")) - F.lit(MICROS_1970_TO_2000))
     if kind == "STRING":

@@ -31,7 +31,7 @@ from coldharbor.errors import ConfigError, LakeUnavailableError
 from coldharbor.job_main import one_table, run_job
 from coldharbor.registry import RegisteredTable
 from coldharbor.table_reader import TableSnapshot
-from coldharbor.verify_digests import CHUNK, HASH, Chunking
+from coldharbor.verify_digests import CHUNK, HASH, WEIGHT, Chunking
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +101,11 @@ def postgres_chunks(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdbc
 
 
 def view_chunks(view: DataFrame, first_key: str) -> dict[int, Chunk]:
-    found = view.groupBy(CHUNK).agg(F.count(F.lit(1)).alias("rows"), F.bit_xor(HASH).alias("hash"),
-                                    F.min(first_key).alias("first"), F.max(first_key).alias("last")).collect()
-    return {r[CHUNK]: Chunk(r[CHUNK], r["rows"], r["hash"], r["first"], r["last"]) for r in found}
+    live = F.col(WEIGHT) > 0
+    found = view.groupBy(CHUNK).agg(F.sum(WEIGHT).alias("rows"), F.bit_xor(HASH).alias("hash"),
+                                    F.min(F.when(live, F.col(first_key))).alias("first"),
+                                    F.max(F.when(live, F.col(first_key))).alias("last")).collect()
+    return {r[CHUNK]: Chunk(r[CHUNK], r["rows"], r["hash"], r["first"], r["last"]) for r in found if r["rows"] or r["hash"]}
 
 
 def differing_chunks(view: dict[int, Chunk], postgres: dict[int, Chunk]) -> list[dict]:
@@ -118,14 +120,13 @@ def differing_chunks(view: dict[int, Chunk], postgres: dict[int, Chunk]) -> list
     return differing
 
 
-def sample_differences(view: DataFrame, postgres: DataFrame, keys: Sequence[str], bad: Sequence[int]) -> list[dict]:
-    """Up to SAMPLE_KEYS keys of the differing chunks, each with what is wrong with it."""
-    left = view.filter(F.col(CHUNK).isin(list(bad))).select(*keys, F.col(HASH).alias("_ch_view"))
-    right = postgres.select(*keys, F.col(HASH).alias("_ch_pg"))
-    twice = left.groupBy(*keys).count().filter(F.col("count") > 1).limit(SAMPLE_KEYS).collect()
-    diff = (left.join(right, on=keys, how="full_outer")
+def sample_differences(view: DataFrame, postgres: DataFrame, twice: DataFrame, keys: Sequence[str]) -> list[dict]:
+    """Up to SAMPLE_KEYS keys of the differing chunks, each with what is wrong with it. `view` and
+    `postgres` hold the rows (keys, HASH) of those chunks, `twice` keys a lake batch holds twice."""
+    diff = (view.select(*keys, F.col(HASH).alias("_ch_view"))
+            .join(postgres.select(*keys, F.col(HASH).alias("_ch_pg")), on=keys, how="full_outer")
             .filter(~F.col("_ch_view").eqNullSafe(F.col("_ch_pg"))).limit(SAMPLE_KEYS).collect())
-    samples = [(row, "is in the lake view more than once (one lake batch holds the key twice)") for row in twice]
+    samples = [(row, "is more than once in one lake batch (a hand edit?)") for row in twice.limit(SAMPLE_KEYS).collect()]
     for row in diff:
         if row["_ch_view"] is None:
             problem = "is in PostgreSQL but missing from the lake view"
@@ -149,7 +150,6 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
                           "(the next export writes it)")
     registry.require_privileges(conn, table)
     columns = registry.lake_columns(conn, table)
-    keys = [c.name for c in sorted((c for c in columns if c.is_key), key=lambda c: c.key_position)]
     version = lake.pin_version(spark, table.lake_path(config.lake_root))
     utf8 = verify_digests.server_is_utf8(conn)
     with conn.transaction():
@@ -160,28 +160,56 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         chunks = verify_digests.chunking(conn, table, columns, config.chunks)
         pg_chunks = postgres_chunks(spark, conn, jdbc, snapshot, table, columns, chunks, utf8)
         hot = hot_snapshot.read_in_transaction(conn, {table.table_id: version}, [table]).tables[table.table_id]
-        view = verify_digests.view_digests(spark, hot, version, config.lake_root,
-                                           verify_digests.biggest_batch(conn, table, version))
-        if table.hot_retention is not None:
-            # Evicted rows are in the lake alone by design: compare the keys PostgreSQL holds.
-            held = table_reader.read_table(spark, conn, jdbc, snapshot, table, chunks.keys)
-            view = view.join(held.select(*verify_digests.typed_keys(held, chunks.keys)), on=keys, how="left_semi")
-        view = chunks.with_chunk(view)
+        compared = Compared(spark, conn, jdbc, snapshot, table, hot, version, config.lake_root, chunks)
         try:
+            view = compared.view(verify_digests.biggest_batch(conn, table, version))
             result = VerifyResult(table.qualified_name, sum(c.rows for c in pg_chunks.values()), config.chunks, version,
-                                  differing_chunks(view_chunks(view, keys[0]), pg_chunks))
+                                  differing_chunks(view_chunks(view, chunks.keys[0].name), pg_chunks))
             if result.differing:
                 bad = [d["chunk"] for d in result.differing]
+                in_bad = F.col(CHUNK).isin(bad)
                 postgres = table_reader.read_shares(spark, conn, jdbc, snapshot, lambda share: (
                     verify_digests.pg_digests_query(table, columns, chunks, utf8, bad, share)))
                 postgres = postgres.select(*verify_digests.typed_keys(postgres, chunks.keys), HASH)
-                result.samples = sample_differences(view, postgres, keys, bad)
+                twice = compared.restricted(verify_digests.keys_twice_in_a_batch(spark, hot, version, config.lake_root))
+                result.samples = sample_differences(compared.view(None).filter(in_bad), postgres,
+                                                    chunks.with_chunk(twice).filter(in_bad), [k.name for k in chunks.keys])
         except Exception as exc:
             if lake.files_gone(exc):
                 raise LakeUnavailableError(f"files of lake version {version} of {table.qualified_name} are gone: "
                                            f"{lake.jvm_message(exc)}") from exc
             raise
     return result
+
+
+@dataclass(frozen=True)
+class Compared:
+    """What verify compares PostgreSQL with: the unified view at `version`, chunked."""
+
+    spark: SparkSession
+    conn: psycopg.Connection
+    jdbc: pg.JdbcTarget
+    snapshot: TableSnapshot
+    table: RegisteredTable
+    hot: hot_snapshot.HotTable
+    version: int | None
+    lake_root: str
+    chunks: Chunking
+
+    def restricted(self, rows: DataFrame) -> DataFrame:
+        """`rows` of the keys to compare: a tiered table's evicted rows are in the lake alone by
+        design, so only the keys PostgreSQL holds count there."""
+        if self.table.hot_retention is None:
+            return rows
+        held = table_reader.read_table(self.spark, self.conn, self.jdbc, self.snapshot, self.table, self.chunks.keys)
+        return rows.join(held.select(*verify_digests.typed_keys(held, self.chunks.keys)),
+                         on=[k.name for k in self.chunks.keys], how="left_semi")
+
+    def view(self, biggest_batch: int | None) -> DataFrame:
+        """The view's weighted rows with their CHUNK (`verify_digests.view_digests`); without a
+        `biggest_batch`, its rows exactly (every weight 1)."""
+        rows = verify_digests.view_digests(self.spark, self.hot, self.version, self.lake_root, biggest_batch)
+        return self.chunks.with_chunk(self.restricted(rows))
 
 
 def parse_args(argv: list[str]) -> VerifyConfig:

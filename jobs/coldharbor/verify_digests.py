@@ -24,11 +24,12 @@ from pyspark.sql import functions as F
 
 from coldharbor import hot_reader, lake, lake_values, row_digest
 from coldharbor.hot_snapshot import HotTable
-from coldharbor.lake_rows import BATCH_ID, DELETED, SEQ, latest_per_key
+from coldharbor.lake_rows import BATCH_ID, DELETED, SEQ, Transform, latest_per_key
 from coldharbor.registry import LakeColumn, RegisteredTable
 
 CHUNK = "_ch_chunk"
 HASH = "_ch_hash"
+WEIGHT = "_ch_weight"
 RANGE_TYPES = ("SHORT", "INT", "LONG", "DATE", "TIMESTAMP", "TIMESTAMP_NTZ")
 # Positions further apart than this would overflow a bigint in the range arithmetic: hash buckets.
 MAX_SPAN = 1 << 62
@@ -103,38 +104,48 @@ def chunking(conn: psycopg.Connection, table: RegisteredTable, columns: Sequence
     return Chunking(chunks, keys, low, high, max(1, -(-(high - low + 1) // chunks)))
 
 
+def _plain(c: LakeColumn) -> sql.Composable:
+    return sql.SQL("t.{}").format(sql.Identifier(c.name))
+
+
+def _chunk_key(chunks: Chunking) -> row_digest.ValueOf:
+    """The row's values for its chunk: the first key column's NULL where the lake cannot hold it (its
+    position would fail to compute, infinity has none; verify refuses such a row anyway)."""
+    first = chunks.keys[0]
+    check = lake_values.held(first, _plain(first), through_jdbc=True)
+
+    def value_of(c: LakeColumn) -> sql.Composable:
+        if c != first or check is None:
+            return _plain(c)
+        return sql.SQL("(CASE WHEN {} THEN {} END)").format(check, _plain(c))
+
+    return value_of
+
+
 def pg_figures_query(table: RegisteredTable, columns: Sequence[LakeColumn], chunks: Chunking, utf8: bool,
                      share: sql.Composable) -> sql.Composed:
     """Per chunk of one share: rows, XOR of their digests, the first key column's bounds (range
     chunks; NULL for hash buckets) and the first `lake_values.PROBLEM` met (verify refuses then).
-    Values the lake cannot hold are digested as NULL: they never reach a conversion that fails."""
-    values, problem = lake_values.checked_values(columns, lambda c: sql.SQL("t.{}").format(sql.Identifier(c.name)),
-                                                 through_jdbc=True)
-    masked = {c.name: v for c, v in zip(columns, values)}
-
-    def value_of(c: LakeColumn) -> sql.Composable:
-        return masked[c.name]
-
-    first = sql.SQL("t.{}").format(sql.Identifier(chunks.keys[0].name))
+    Every value spells, even one the lake cannot hold: no row makes the scan fail."""
+    _, problem = lake_values.checked_values(columns, _plain, through_jdbc=True)
+    key_of = _chunk_key(chunks)
+    first = key_of(chunks.keys[0])
     low, high = ((sql.SQL("min({})").format(first), sql.SQL("max({})").format(first)) if chunks.by_range
                  else (sql.SQL("NULL::text"), sql.SQL("NULL::text")))
     return sql.SQL("""SELECT {chunk} AS {c}, count(*) AS rows, bit_xor({digest}) AS hash, {low} AS first_key,
                              {high} AS last_key, min({problem}) AS problem
                         FROM {table} t WHERE {share} GROUP BY 1""").format(
-        chunk=chunks.pg_chunk(value_of), c=sql.Identifier(CHUNK), digest=row_digest.pg_digest(columns, value_of, utf8),
+        chunk=chunks.pg_chunk(key_of), c=sql.Identifier(CHUNK), digest=row_digest.pg_digest(columns, _plain, utf8),
         low=low, high=high, problem=problem, table=table.identifier, share=share)
 
 
 def pg_digests_query(table: RegisteredTable, columns: Sequence[LakeColumn], chunks: Chunking, utf8: bool,
                      bad: Sequence[int], share: sql.Composable) -> sql.Composed:
     """The keys (typed for the lake) and digests of one share's rows in the chunks `bad`."""
-    def value_of(c: LakeColumn) -> sql.Composable:
-        return sql.SQL("t.{}").format(sql.Identifier(c.name))
-
     return sql.SQL("SELECT {keys}, {digest} AS {h} FROM {table} t WHERE {share} AND {chunk} IN ({bad})").format(
-        keys=sql.SQL(", ").join(hot_reader.as_output(c, value_of(c)) for c in chunks.keys),
-        digest=row_digest.pg_digest(columns, value_of, utf8), h=sql.Identifier(HASH), table=table.identifier,
-        share=share, chunk=chunks.pg_chunk(value_of), bad=sql.SQL(", ").join(sql.Literal(i) for i in bad))
+        keys=sql.SQL(", ").join(hot_reader.as_output(c, _plain(c)) for c in chunks.keys),
+        digest=row_digest.pg_digest(columns, _plain, utf8), h=sql.Identifier(HASH), table=table.identifier,
+        share=share, chunk=chunks.pg_chunk(_chunk_key(chunks)), bad=sql.SQL(", ").join(sql.Literal(i) for i in bad))
 
 
 def server_is_utf8(conn: psycopg.Connection) -> bool:
@@ -152,13 +163,10 @@ def typed_keys(rows: DataFrame, keys: Sequence[LakeColumn]) -> list[Column]:
 
 def view_digests(spark: SparkSession, hot: HotTable, version: int | None, lake_root: str,
                  biggest_batch: int | None) -> DataFrame:
-    """The unified view's rows as keys and HASH: the lake at `version` less the dirty keys, last
-    write wins, delete markers dropped, plus the hot images of the dirty keys that still exist.
-
-    A batch holds one row per key (an export writes one image per key, a base one per key), so a
-    row of `biggest_batch` whose key is in no other batch is its key's last write: only the other
-    batches' keys, and the rows of those keys, go through the window.
-    """
+    """The unified view's rows -- the lake at `version` less the dirty keys, last write wins, delete
+    markers dropped, plus the hot images of the dirty keys that still exist -- as keys, HASH and
+    WEIGHT: a chunk holds sum(WEIGHT) rows and its hash is the XOR of HASH (`_last_writes` folds
+    a contested key's rows into one that adds its winner and takes away what another adds)."""
     from coldharbor.serve import hot_frame, table_view
 
     columns = hot.columns
@@ -166,32 +174,80 @@ def view_digests(spark: SparkSession, hot: HotTable, version: int | None, lake_r
     names = [k.name for k in keys]
     if hot.hot_only or version is None:
         rows = table_view(spark, hot, version, lake_root, None)
-        return rows.select(*names, row_digest.spark_digest(columns).alias(HASH))
+        return rows.select(*names, row_digest.spark_digest(columns).alias(HASH), F.lit(1).alias(WEIGHT))
     images = hot_frame(spark, hot)
     typed_images = images.filter(~F.col(DELETED)).select(*[_typed(c, set(images.columns)).alias(c.name)
                                                             for c in columns])
-    hot_rows = typed_images.select(*names, row_digest.spark_digest(columns).alias(HASH))
-    rows = lake.read_version(spark, hot.table.lake_path(lake_root), version)
+    hot_rows = typed_images.select(*names, row_digest.spark_digest(columns).alias(HASH), F.lit(1).alias(WEIGHT))
     # A left anti join, never NOT IN: a NULL in the dirty set must not empty the result.
-    rows = rows.join(F.broadcast(images.select(*names)), on=names, how="left_anti")
-    present = set(rows.columns)
-    narrow = rows.select(*typed_keys(rows, keys), F.col(SEQ), F.col(BATCH_ID), F.col(DELETED),
-                         row_digest.spark_digest(columns, lambda c: _typed(c, present)).alias(HASH))
-    return _last_writes(narrow, names, biggest_batch).filter(~F.col(DELETED)).select(*names, HASH).unionByName(hot_rows)
+    rows = lake.read_version(spark, hot.table.lake_path(lake_root), version).join(
+        F.broadcast(images.select(*names)), on=names, how="left_anti")
+    return _last_writes(rows, narrowed(columns, set(rows.columns)), names, biggest_batch).unionByName(hot_rows)
 
 
-def _last_writes(narrow: DataFrame, keys: Sequence[str], biggest_batch: int | None) -> DataFrame:
-    """`latest_per_key` over the narrow lake rows, sparing the biggest batch's uncontested rows the window."""
+def narrowed(columns: Sequence[LakeColumn], present: set[str]) -> Transform:
+    """Lake rows -> typed keys, SEQ, BATCH_ID, DELETED and HASH. Filter the rows before: the digest
+    calls Java (doubleToLongBits), which Spark counts nondeterministic and pushes no filter below."""
+    keys = [c for c in columns if c.is_key]
+
+    def transform(rows: DataFrame) -> DataFrame:
+        return rows.select(*[_typed(k, present).alias(k.name) for k in keys], F.col(SEQ), F.col(BATCH_ID),
+                           F.col(DELETED), row_digest.spark_digest(columns, lambda c: _typed(c, present)).alias(HASH))
+
+    return transform
+
+
+def keys_twice_in_a_batch(spark: SparkSession, hot: HotTable, version: int | None, lake_root: str) -> DataFrame:
+    """The keys a lake batch holds more than once (only a hand edit makes one): `_last_writes`
+    would count such a key twice where the view has one of its rows."""
+    keys = [c.name for c in hot.columns if c.is_key]
+    if hot.hot_only or version is None:
+        return spark.range(0).select(*[F.lit(None).cast(c.lake_type).alias(c.name) for c in hot.columns if c.is_key])
+    rows = lake.read_version(spark, hot.table.lake_path(lake_root), version)
+    rows = rows.select(*typed_keys(rows, [c for c in hot.columns if c.is_key]), F.col(BATCH_ID))
+    return rows.groupBy(*keys, BATCH_ID).count().filter(F.col("count") > 1).select(*keys)
+
+
+def window_last_writes(narrow: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """`latest_per_key` over narrow lake rows: the live last writes, WEIGHT 1."""
+    return (narrow.transform(latest_per_key(keys)).filter(~F.col(DELETED))
+            .select(*keys, HASH, F.lit(1).alias(WEIGHT)))
+
+
+def _last_writes(rows: DataFrame, narrow: Transform, keys: Sequence[str], biggest_batch: int | None) -> DataFrame:
+    """The live last writes of the narrow lake rows, weighted, without sorting the biggest batch.
+
+    A batch holds one row per key (an export writes one image per key, a base one per key). So a
+    row of `biggest_batch` is its key's last write unless another batch holds the key; the other
+    batches' last writes (few: broadcast) are joined to the biggest batch's rows, and a row whose
+    key they hold yields the winner of the two and takes back the other batches' row, which is
+    added once on its own (its key may be in no row of the biggest batch). One pass, no shuffle.
+    """
     if biggest_batch is None:
-        return narrow.transform(latest_per_key(keys))
-    in_biggest = F.col(BATCH_ID).eqNullSafe(F.lit(biggest_batch))
-    biggest, others = narrow.filter(in_biggest), narrow.filter(~in_biggest)
-    other_keys = others.select(*keys)
-    if others.count() <= BROADCAST_KEYS:  # Delta skips the biggest batch's files by their batch id statistics
-        other_keys = F.broadcast(other_keys)
-    contested = biggest.join(other_keys, on=keys, how="left_semi").unionByName(others)
-    alone = biggest.join(other_keys, on=keys, how="left_anti")
-    return alone.unionByName(contested.transform(latest_per_key(keys)))
+        return window_last_writes(narrow(rows), keys)
+    # Delta skips the biggest batch's files by their batch id statistics.
+    in_others = (F.col(BATCH_ID) != F.lit(biggest_batch)) | F.col(BATCH_ID).isNull()
+    if rows.filter(in_others).count() > BROADCAST_KEYS:
+        return window_last_writes(narrow(rows), keys)
+    latest = narrow(rows.filter(in_others)).transform(latest_per_key(keys)).select(
+        *keys, F.lit(True).alias("_ch_o"), F.col(SEQ).alias("_ch_o_seq"), F.col(BATCH_ID).alias("_ch_o_batch"),
+        F.col(DELETED).alias("_ch_o_deleted"), F.col(HASH).alias("_ch_o_hash"))
+    rows = narrow(rows.filter(F.col(BATCH_ID) == F.lit(biggest_batch))).join(F.broadcast(latest), on=keys,
+                                                                               how="left_outer")
+    low = F.lit(-(1 << 63))  # latest_per_key sorts NULL sequences and batch ids last
+    mine = F.struct(F.coalesce(F.col(SEQ), low), F.coalesce(F.col(BATCH_ID), low))
+    theirs = F.struct(F.coalesce(F.col("_ch_o_seq"), low), F.coalesce(F.col("_ch_o_batch"), low))
+    matched = F.col("_ch_o").isNotNull()
+    mine_wins = ~matched | (mine > theirs)
+    winner_live = F.when(mine_wins, ~F.col(DELETED)).otherwise(~F.col("_ch_o_deleted"))
+    winner_hash = F.when(winner_live, F.when(mine_wins, F.col(HASH)).otherwise(F.col("_ch_o_hash"))).otherwise(0)
+    taken_back = matched & ~F.col("_ch_o_deleted")
+    folded = rows.select(*keys, F.when(taken_back, winner_hash.bitwiseXOR(F.col("_ch_o_hash")))
+                         .otherwise(winner_hash).alias(HASH),
+                         (winner_live.cast("int") - taken_back.cast("int")).alias(WEIGHT))
+    others_live = latest.filter(~F.col("_ch_o_deleted")).select(*keys, F.col("_ch_o_hash").alias(HASH),
+                                                                F.lit(1).alias(WEIGHT))
+    return folded.unionByName(others_live)
 
 
 def biggest_batch(conn: psycopg.Connection, table: RegisteredTable, version: int | None) -> int | None:

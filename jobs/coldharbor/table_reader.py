@@ -10,7 +10,7 @@ A select takes ACCESS SHARE only: the application's writes are never blocked.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -41,11 +41,21 @@ def export_snapshot(conn: psycopg.Connection, table: RegisteredTable) -> TableSn
     snapshot holds committed before `taken_at`.
     """
     snapshot_id, taken_at = conn.execute("SELECT pg_export_snapshot(), clock_timestamp()").fetchone()
+    return TableSnapshot(snapshot_id, taken_at, table_blocks(conn, table))
+
+
+def table_blocks(conn: psycopg.Connection, table: RegisteredTable) -> int:
+    """The table's size in blocks, or its largest partition's (a TID range applies to each partition).
+
+    pg_partition_tree() lists nothing for a table that is neither partitioned nor a partition: the
+    table's own size counts too, else every plain table was read by one reader."""
     blocks = conn.execute(sql.SQL(
-        "SELECT coalesce(max(pg_relation_size(r.relid) / current_setting('block_size')::bigint), 0) "
-        "FROM pg_partition_tree({rel}::regclass) r WHERE r.isleaf").format(
+        "SELECT greatest(pg_relation_size(rel.oid), "
+        "                (SELECT coalesce(max(pg_relation_size(r.relid)), 0) "
+        "                   FROM pg_partition_tree(rel.oid) r WHERE r.isleaf)) / current_setting('block_size')::bigint "
+        "FROM (SELECT {rel}::regclass AS oid) rel").format(
         rel=sql.Literal(table.identifier.as_string(conn)))).fetchone()[0]
-    return TableSnapshot(snapshot_id, taken_at, int(blocks))
+    return int(blocks)
 
 
 def block_ranges(blocks: int, parts: int) -> list[tuple[int | None, int | None]]:
@@ -61,18 +71,21 @@ def block_ranges(blocks: int, parts: int) -> list[tuple[int | None, int | None]]
     return list(zip(starts, ends))
 
 
-def share_query(table: RegisteredTable, columns: Sequence[LakeColumn], start: int | None,
-                end: int | None) -> sql.Composed:
-    """The rows of one block range, typed for the lake (uuid and json as text)."""
+def block_range(start: int | None, end: int | None) -> sql.Composable:
+    """SQL true for the rows of `t` in the blocks [start, end) (a TID range scan); TRUE for (None, None)."""
     bounds = []
     if start is not None:
         bounds.append(sql.SQL("t.ctid >= {}::tid").format(sql.Literal(f"({start},0)")))
     if end is not None:
         bounds.append(sql.SQL("t.ctid < {}::tid").format(sql.Literal(f"({end},0)")))
-    where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(bounds) if bounds else sql.SQL("")
-    return sql.SQL("SELECT {columns} FROM {table} t{where}").format(
+    return sql.SQL(" AND ").join(bounds) if bounds else sql.SQL("TRUE")
+
+
+def share_query(table: RegisteredTable, columns: Sequence[LakeColumn], share: sql.Composable) -> sql.Composed:
+    """The rows of one share (`block_range`), typed for the lake (uuid and json as text)."""
+    return sql.SQL("SELECT {columns} FROM {table} t WHERE {share}").format(
         columns=sql.SQL(", ").join(as_output(c, sql.SQL("t.{}").format(sql.Identifier(c.name))) for c in columns),
-        table=table.identifier, where=where)
+        table=table.identifier, share=share)
 
 
 # A reader waits at most this long for its ACCESS SHARE lock. It waits at all only behind a stronger
@@ -91,10 +104,19 @@ def read_table(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, 
     over the frame has run (an import needs the exporter alive). Columns keep their JDBC types;
     callers cast with their own contract.
     """
+    frame = read_shares(spark, conn, jdbc, snapshot, lambda share: share_query(table, columns, share), parts)
+    return frame.select(*[F.col(c.name) for c in columns])
+
+
+def read_shares(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, snapshot: TableSnapshot,
+                query: Callable[[sql.Composable], sql.Composed], parts: int | None = None) -> DataFrame:
+    """The union of `query(share)` over the table's block ranges, one JDBC reader per core (or
+    `parts`), each importing `snapshot`: a query over the table's rows `t` that is true to the
+    snapshot and reads each row exactly once when it selects `WHERE share`. Lazy, as `read_table`."""
     parts = parts or spark_parallelism(spark)
     frame = None
     for start, end in block_ranges(snapshot.blocks, parts):
-        share = snapshot_read(spark, jdbc, share_query(table, columns, start, end).as_string(conn),
+        share = snapshot_read(spark, jdbc, query(block_range(start, end)).as_string(conn),
                               snapshot.snapshot_id, lock_timeout=READER_LOCK_TIMEOUT)
         frame = share if frame is None else frame.union(share)
-    return frame.select(*[F.col(c.name) for c in columns])
+    return frame

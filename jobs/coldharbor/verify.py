@@ -1,11 +1,13 @@
 """verify: prove that a table's unified view equals PostgreSQL, at one snapshot, chunk by chunk.
 
 The view is what every report reads (invariant 6): lake@V minus the dirty keys plus their hot
-images. PostgreSQL is the whole table read in parallel through the same exported snapshot the
-dirty set is read in. Both sides are cut into the same chunks -- key ranges of the first key column
-when it is a number, date or timestamp (bounds from PostgreSQL's min and max, read through the
-key's index), else hash buckets of the key -- and each chunk's row count and XOR of row hashes are
-compared. Only when a chunk differs is it read again, to name sample keys and what is wrong.
+images. Both sides are cut into the same chunks -- key ranges of the first key column when it is
+an integer, date or timestamp (bounds from PostgreSQL's min and max, read through the key's index),
+else hash buckets of the key -- and each chunk's row count and XOR of row digests are compared.
+PostgreSQL counts and digests its rows itself, in parallel readers of block ranges that import the
+snapshot the dirty set is read in; Spark digests the view's rows the same way (`row_digest`,
+`verify_digests`). Rows are read only for the chunks that differ, to name sample keys and what is
+wrong with each.
 
 Exit codes: 0 in sync, 1 differences found, 2 refused (unknown table, a tier unreachable, a value the
 lake cannot hold exactly, see `lake_values`).
@@ -18,29 +20,27 @@ import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
-from decimal import Decimal
 
 import psycopg
-from psycopg import sql
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from coldharbor import (base_load, batches, hot_snapshot, lake, lake_values, maintenance_runs, pg, registry, settings,
-                        table_reader)
+                        table_reader, verify_digests)
 from coldharbor.errors import ColdharborError, ConfigError, LakeUnavailableError
 from coldharbor.job_main import one_table, run_job
-from coldharbor.registry import LakeColumn, RegisteredTable
-from coldharbor.unified import table_contract
+from coldharbor.registry import RegisteredTable
+from coldharbor.table_reader import TableSnapshot
+from coldharbor.verify_digests import CHUNK, HASH, WEIGHT, Chunking
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNKS = 16
 SAMPLE_KEYS = 10
 EXIT_DIFFERENT = 1
-RANGE_TYPES = ("SHORT", "INT", "LONG", "FLOAT", "DOUBLE", "DATE", "TIMESTAMP", "TIMESTAMP_NTZ")
-# Verify reads PostgreSQL through the export's JDBC reader: such a value would be converted the same
-# way on both sides and compare equal however the lake holds it.
+# PostgreSQL's rows are digested from their exact values, but the dirty keys' hot images reach the
+# view through the readers, and a lake exported before such values were refused may hold them moved
+# or clamped: such a table is refused, naming the value.
 VERIFY_REFUSED = ("the table cannot be verified until the value is changed (a lake exported before such values were "
                   "refused may hold it moved or clamped); change it: the next export carries the change")
 
@@ -85,64 +85,48 @@ class VerifyResult:
                 f"{self.chunks} chunks differ: {ranges}; sample keys: {samples}")
 
 
-def _projection(value: object) -> float:
-    """A key value of a range type as a number, the way `_numeric` computes it in Spark."""
-    if isinstance(value, datetime):
-        aware = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-        return (aware - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds() * 1_000_000
-    if isinstance(value, date):
-        return float((value - date(1970, 1, 1)).days)
-    if isinstance(value, (int, float, Decimal)):
-        return float(value)
-    raise TypeError(f"no numeric projection for {type(value).__name__}")
+def postgres_chunks(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, snapshot: TableSnapshot,
+                    table: RegisteredTable, columns: Sequence, chunks: Chunking, utf8: bool) -> dict[int, Chunk]:
+    """PostgreSQL's figures per chunk, computed by the server in the snapshot; refuses (naming it)
+    a row holding a value the lake cannot hold exactly."""
+    shares = table_reader.read_shares(spark, conn, jdbc, snapshot, lambda share: verify_digests.pg_figures_query(
+        table, columns, chunks, utf8, share))
+    found = (shares.groupBy(CHUNK)
+             .agg(F.sum("rows").alias("rows"), F.bit_xor("hash").alias("hash"), F.min("first_key").alias("first"),
+                  F.max("last_key").alias("last"), F.min("problem").alias("problem")).collect())
+    problems = sorted(r["problem"] for r in found if r["problem"] is not None)
+    if problems:
+        raise lake_values.refusal(table.qualified_name, problems[0], VERIFY_REFUSED)
+    return {r[CHUNK]: Chunk(r[CHUNK], r["rows"], r["hash"], r["first"], r["last"]) for r in found}
 
 
-def _numeric(column: LakeColumn) -> Column:
-    col = F.col(column.name)
-    if column.lake_type == "DATE":
-        return F.unix_date(col).cast("double")
-    if column.lake_type in ("TIMESTAMP", "TIMESTAMP_NTZ"):
-        return F.unix_micros(col.cast("timestamp")).cast("double")
-    return col.cast("double")
+def view_chunks(view: DataFrame, first_key: str) -> dict[int, Chunk]:
+    live = F.col(WEIGHT) > 0
+    found = view.groupBy(CHUNK).agg(F.sum(WEIGHT).alias("rows"), F.bit_xor(HASH).alias("hash"),
+                                    F.min(F.when(live, F.col(first_key))).alias("first"),
+                                    F.max(F.when(live, F.col(first_key))).alias("last")).collect()
+    return {r[CHUNK]: Chunk(r[CHUNK], r["rows"], r["hash"], r["first"], r["last"]) for r in found if r["rows"] or r["hash"]}
 
 
-def chunk_expr(conn: psycopg.Connection, table: RegisteredTable, columns: Sequence[LakeColumn], chunks: int) -> Column:
-    """The chunk of a row: a key range of the first key column where it is a number, date or
-    timestamp; otherwise a hash bucket of the whole key."""
-    keys = sorted((c for c in columns if c.is_key), key=lambda c: c.key_position)
-    first = keys[0]
-    if first.lake_type in RANGE_TYPES and table.source_kind != "entity":
-        low, high = conn.execute(sql.SQL("SELECT min({k}), max({k}) FROM {t}").format(
-            k=sql.Identifier(first.name), t=table.identifier)).fetchone()
-        if low is not None:
-            low, high = _projection(low), _projection(high)
-            width = (high - low) / chunks or 1.0
-            bucket = F.floor((_numeric(first) - F.lit(low)) / F.lit(width)).cast("int")
-            return F.least(F.greatest(bucket, F.lit(0)), F.lit(chunks - 1))
-    return F.pmod(F.xxhash64(*[F.col(k.name) for k in keys]), F.lit(chunks)).cast("int")
+def differing_chunks(view: dict[int, Chunk], postgres: dict[int, Chunk]) -> list[dict]:
+    differing = []
+    for i in sorted(set(view) | set(postgres)):
+        mine, theirs = view.get(i), postgres.get(i)
+        if mine is None or theirs is None or (mine.rows, mine.hash) != (theirs.rows, theirs.hash):
+            firsts = [c.first_key for c in (mine, theirs) if c is not None and c.first_key is not None]
+            lasts = [c.last_key for c in (mine, theirs) if c is not None and c.last_key is not None]
+            differing.append({"chunk": i, "view_rows": mine.rows if mine else 0, "pg_rows": theirs.rows if theirs else 0,
+                              "first_key": min(firsts) if firsts else None, "last_key": max(lasts) if lasts else None})
+    return differing
 
 
-def hashed(rows: DataFrame, columns: Sequence[LakeColumn], chunk: Column) -> DataFrame:
-    """keys, chunk and a hash of the whole row (the table contract's types on both sides)."""
-    keys = [c.name for c in columns if c.is_key]
-    typed = rows.transform(table_contract(columns))
-    return typed.select(*keys, chunk.alias("_ch_chunk"),
-                        F.xxhash64(*[F.col(c.name) for c in columns]).alias("_ch_hash"))
-
-
-def chunk_figures(rows: DataFrame, first_key: str) -> dict[int, Chunk]:
-    found = rows.groupBy("_ch_chunk").agg(F.count(F.lit(1)).alias("rows"), F.bit_xor("_ch_hash").alias("hash"),
-                                          F.min(first_key).alias("first"), F.max(first_key).alias("last")).collect()
-    return {r["_ch_chunk"]: Chunk(r["_ch_chunk"], r["rows"], r["hash"], r["first"], r["last"]) for r in found}
-
-
-def sample_differences(view: DataFrame, postgres: DataFrame, keys: Sequence[str], bad: Sequence[int]) -> list[dict]:
-    """Up to SAMPLE_KEYS keys of the differing chunks, each with what is wrong with it."""
-    left = view.filter(F.col("_ch_chunk").isin(list(bad))).withColumnRenamed("_ch_hash", "_ch_view")
-    right = postgres.filter(F.col("_ch_chunk").isin(list(bad))).select(*keys, F.col("_ch_hash").alias("_ch_pg"))
-    diff = (left.join(right, on=keys, how="full_outer")
+def sample_differences(view: DataFrame, postgres: DataFrame, twice: DataFrame, keys: Sequence[str]) -> list[dict]:
+    """Up to SAMPLE_KEYS keys of the differing chunks, each with what is wrong with it. `view` and
+    `postgres` hold the rows (keys, HASH) of those chunks, `twice` keys a lake batch holds twice."""
+    diff = (view.select(*keys, F.col(HASH).alias("_ch_view"))
+            .join(postgres.select(*keys, F.col(HASH).alias("_ch_pg")), on=keys, how="full_outer")
             .filter(~F.col("_ch_view").eqNullSafe(F.col("_ch_pg"))).limit(SAMPLE_KEYS).collect())
-    samples = []
+    samples = [(row, "is more than once in one lake batch (a hand edit?)") for row in twice.limit(SAMPLE_KEYS).collect()]
     for row in diff:
         if row["_ch_view"] is None:
             problem = "is in PostgreSQL but missing from the lake view"
@@ -150,14 +134,13 @@ def sample_differences(view: DataFrame, postgres: DataFrame, keys: Sequence[str]
             problem = "is in the lake view but not in PostgreSQL"
         else:
             problem = "has different values in the lake view and in PostgreSQL"
-        samples.append({"key": "(" + ", ".join(f"{k}={row[k]!r}" for k in keys) + ")", "problem": problem})
-    return samples
+        samples.append((row, problem))
+    return [{"key": "(" + ", ".join(f"{k}={row[k]!r}" for k in keys) + ")", "problem": problem}
+            for row, problem in samples[:SAMPLE_KEYS]]
 
 
 def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
                  config: VerifyConfig) -> VerifyResult:
-    from coldharbor.serve import table_view
-
     state = base_load.load_state(conn, table.table_id)
     if state.rebase_pending:
         raise ConfigError(f"{table.qualified_name} cannot be verified yet: its lake rows are being rebuilt from "
@@ -167,41 +150,37 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
                           "(the next export writes it)")
     registry.require_privileges(conn, table)
     columns = registry.lake_columns(conn, table)
-    keys = [c.name for c in sorted((c for c in columns if c.is_key), key=lambda c: c.key_position)]
     path = table.lake_path(config.lake_root)
     version = lake.pin_version(spark, path)
     refuse_if_lake_ahead(spark, conn, table, path)
+    utf8 = verify_digests.server_is_utf8(conn)
     with conn.transaction():
-        # One snapshot: the dirty set and the whole-table read both come from it.
+        # One snapshot: the dirty set and PostgreSQL's figures both come from it.
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         registry.guard_read(conn, table)  # before the snapshot
         snapshot = table_reader.export_snapshot(conn, table)
-        lake_values.refuse_in_table(conn, table, columns, VERIFY_REFUSED)  # before any reader converts one
+        chunks = verify_digests.chunking(conn, table, columns, config.chunks)
+        pg_chunks = postgres_chunks(spark, conn, jdbc, snapshot, table, columns, chunks, utf8)
         hot = hot_snapshot.read_in_transaction(conn, {table.table_id: version}, [table]).tables[table.table_id]
-        chunk = chunk_expr(conn, table, columns, config.chunks)
-        current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
-        view = table_view(spark, hot, version, config.lake_root, None)
-        if table.hot_retention is not None:
-            # Evicted rows are in the lake alone by design: compare the keys PostgreSQL holds.
-            view = view.join(current.select(*keys), on=keys, how="left_semi")
-        view, postgres = hashed(view, columns, chunk), hashed(current, columns, chunk)
+        compared = Compared(spark, conn, jdbc, snapshot, table, hot, version, config.lake_root, chunks)
         try:
-            view_chunks, pg_chunks = chunk_figures(view, keys[0]), chunk_figures(postgres, keys[0])
+            view = compared.view(verify_digests.biggest_batch(conn, table, version))
+            result = VerifyResult(table.qualified_name, sum(c.rows for c in pg_chunks.values()), config.chunks, version,
+                                  differing_chunks(view_chunks(view, chunks.keys[0].name), pg_chunks))
+            if result.differing:
+                bad = [d["chunk"] for d in result.differing]
+                in_bad = F.col(CHUNK).isin(bad)
+                postgres = table_reader.read_shares(spark, conn, jdbc, snapshot, lambda share: (
+                    verify_digests.pg_digests_query(table, columns, chunks, utf8, bad, share)))
+                postgres = postgres.select(*verify_digests.typed_keys(postgres, chunks.keys), HASH)
+                twice = compared.restricted(verify_digests.keys_twice_in_a_batch(spark, hot, version, config.lake_root))
+                result.samples = sample_differences(compared.view(None).filter(in_bad), postgres,
+                                                    chunks.with_chunk(twice).filter(in_bad), [k.name for k in chunks.keys])
         except Exception as exc:
             if lake.files_gone(exc):
                 raise LakeUnavailableError(f"files of lake version {version} of {table.qualified_name} are gone: "
                                            f"{lake.jvm_message(exc)}") from exc
             raise
-        result = VerifyResult(table.qualified_name, sum(c.rows for c in pg_chunks.values()), config.chunks, version)
-        for i in sorted(set(view_chunks) | set(pg_chunks)):
-            mine, theirs = view_chunks.get(i), pg_chunks.get(i)
-            if mine is None or theirs is None or (mine.rows, mine.hash) != (theirs.rows, theirs.hash):
-                bounds = [c for c in (mine, theirs) if c is not None]
-                result.differing.append({
-                    "chunk": i, "view_rows": mine.rows if mine else 0, "pg_rows": theirs.rows if theirs else 0,
-                    "first_key": min(c.first_key for c in bounds), "last_key": max(c.last_key for c in bounds)})
-        if result.differing:
-            result.samples = sample_differences(view, postgres, keys, [d["chunk"] for d in result.differing])
     return result
 
 
@@ -221,6 +200,36 @@ def refuse_if_lake_ahead(spark: SparkSession, conn: psycopg.Connection, table: R
             f"{table.quoted_name} cannot be verified: the lake is ahead of PostgreSQL (restored from a backup?): "
             f"{exc.detail}, so the lake's later commits are not PostgreSQL's past; rebuild the table's lake state "
             f"from PostgreSQL with `jobs/resync.py --table {table.cli_name}`, then verify again") from None
+
+
+@dataclass(frozen=True)
+class Compared:
+    """What verify compares PostgreSQL with: the unified view at `version`, chunked."""
+
+    spark: SparkSession
+    conn: psycopg.Connection
+    jdbc: pg.JdbcTarget
+    snapshot: TableSnapshot
+    table: RegisteredTable
+    hot: hot_snapshot.HotTable
+    version: int | None
+    lake_root: str
+    chunks: Chunking
+
+    def restricted(self, rows: DataFrame) -> DataFrame:
+        """`rows` of the keys to compare: a tiered table's evicted rows are in the lake alone by
+        design, so only the keys PostgreSQL holds count there."""
+        if self.table.hot_retention is None:
+            return rows
+        held = table_reader.read_table(self.spark, self.conn, self.jdbc, self.snapshot, self.table, self.chunks.keys)
+        return rows.join(held.select(*verify_digests.typed_keys(held, self.chunks.keys)),
+                         on=[k.name for k in self.chunks.keys], how="left_semi")
+
+    def view(self, biggest_batch: int | None) -> DataFrame:
+        """The view's weighted rows with their CHUNK (`verify_digests.view_digests`); without a
+        `biggest_batch`, its rows exactly (every weight 1)."""
+        rows = verify_digests.view_digests(self.spark, self.hot, self.version, self.lake_root, biggest_batch)
+        return self.chunks.with_chunk(self.restricted(rows))
 
 
 def parse_args(argv: list[str]) -> VerifyConfig:

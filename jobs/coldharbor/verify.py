@@ -29,7 +29,7 @@ from coldharbor import (base_load, batches, hot_snapshot, lake, lake_values, mai
                         table_reader, verify_digests)
 from coldharbor.errors import ColdharborError, ConfigError, LakeUnavailableError
 from coldharbor.job_main import one_table, run_job
-from coldharbor.registry import RegisteredTable
+from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.table_reader import TableSnapshot
 from coldharbor.verify_digests import CHUNK, HASH, WEIGHT, Chunking
 
@@ -86,7 +86,8 @@ class VerifyResult:
 
 
 def postgres_chunks(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, snapshot: TableSnapshot,
-                    table: RegisteredTable, columns: Sequence, chunks: Chunking, utf8: bool) -> dict[int, Chunk]:
+                    table: RegisteredTable, columns: Sequence[LakeColumn], chunks: Chunking,
+                    utf8: bool) -> dict[int, Chunk]:
     """PostgreSQL's figures per chunk, computed by the server in the snapshot; refuses (naming it)
     a row holding a value the lake cannot hold exactly."""
     shares = table_reader.read_shares(spark, conn, jdbc, snapshot, lambda share: verify_digests.pg_figures_query(

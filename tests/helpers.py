@@ -156,6 +156,19 @@ def server_with_orders(folder: Path, rows: int, **server_settings: str) -> Itera
         yield server, logins.pipeline
 
 
+def wait_until_locks_released(conn: psycopg.Connection, timeout_s: float = 60) -> None:
+    """Waits until no other session holds an advisory lock: a job killed by SIGKILL leaves its
+    PostgreSQL backend to notice the closed socket, and until it has, the job's lock is held and the
+    next run would skip as if a run were going on."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while conn.execute("""SELECT count(*) FROM pg_locks
+                           WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()""").fetchone()[0]:
+        assert time.monotonic() < deadline, "a killed job's advisory lock was never released"
+        time.sleep(0.2)
+
+
 def wait_until_paused(pause_dir: Path, point: str, process: subprocess.Popen, timeout_s: float = 300) -> None:
     """Waits until a job started with COLDHARBOR_PAUSE_AT=<point> reaches it (fails if it ends first)."""
     import time

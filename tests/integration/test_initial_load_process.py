@@ -8,7 +8,8 @@ import psycopg
 import pytest
 
 from coldharbor import base_load, registry
-from tests.helpers import export, lake_live, lake_table, pg_rows, spark_submit, spark_submit_export
+from tests.helpers import (export, lake_live, lake_table, pg_rows, spark_submit, spark_submit_export,
+                           wait_until_locks_released)
 
 ROWS = 4000
 
@@ -43,6 +44,7 @@ def test_a_load_killed_at_any_point_is_finished_by_the_next_run_with_no_row_lost
     else:
         assert f"killing the process at {point}" in crashed.stdout
     assert load_pending(pg_conn, table_name), "the crash left the load unrecorded"
+    wait_until_locks_released(pg_conn)
 
     pg_conn.execute(f"UPDATE {table_name} SET v = 'changed after the crash' WHERE id % 89 = 0")
     pg_conn.execute(f"DELETE FROM {table_name} WHERE id % 83 = 0")

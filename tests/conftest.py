@@ -14,7 +14,7 @@ os.environ["TZ"] = "UTC"
 time.tzset()
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-from coldharbor import pg  # noqa: E402
+from coldharbor import migrate, pg  # noqa: E402
 from coldharbor.stack import Logins, throwaway_server  # noqa: E402
 
 
@@ -42,6 +42,43 @@ def pg_conn(admin_dsn) -> Iterator[psycopg.Connection]:
     """A set-up connection (the superuser): tables, registration, the application's writes, checks."""
     with pg.connect(admin_dsn) as conn:
         yield conn
+    forget_registrations_of_dropped_tables(admin_dsn)
+
+
+@pytest.fixture()
+def other_database(admin_dsn) -> Iterator[str]:
+    """A database of its own on the test server (the roles are the cluster's, already there), not
+    migrated; its set-up DSN."""
+    name = f"db_{uuid.uuid4().hex[:8]}"
+    with pg.connect(admin_dsn) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    yield admin_dsn.rsplit("/", 1)[0] + "/" + name
+    with pg.connect(admin_dsn) as admin:
+        admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.fixture()
+def own_database(other_database, pg_dsn) -> tuple[str, str]:
+    """A migrated database of its own, for a test that runs a job over every registered table: the
+    run meets this test's tables alone, not every earlier test's (a run over the shared database's
+    hundreds of tables takes minutes). Its (set-up DSN, jobs' DSN)."""
+    with pg.connect(other_database) as conn:
+        migrate.apply(conn, migrate.discover())
+    return other_database, pg_dsn.rsplit("/", 1)[0] + "/" + other_database.rsplit("/", 1)[1]
+
+
+def forget_registrations_of_dropped_tables(admin_dsn: str) -> None:
+    """A test that dropped a registered table (or dropped it and created it again) leaves a
+    registration every later job over all registered tables rightly refuses; the tests share one
+    server, so its registration and change rows go when the test ends."""
+    with pg.connect(admin_dsn) as admin:
+        gone = [r[0] for r in admin.execute(
+            """SELECT table_id FROM coldharbor.tables,
+                      LATERAL (SELECT to_regclass(quote_ident(schema_name) || '.' || quote_ident(table_name))::oid) r(rel)
+                WHERE source_kind = 'table' AND (rel IS NULL OR dropped_at IS NOT NULL OR relid <> rel)""")]
+        if gone:
+            admin.execute("DELETE FROM coldharbor.change_log WHERE table_id = ANY(%s)", (gone,))
+            admin.execute("DELETE FROM coldharbor.tables WHERE table_id = ANY(%s)", (gone,))
 
 
 @pytest.fixture(scope="session")

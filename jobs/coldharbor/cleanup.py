@@ -26,7 +26,7 @@ from psycopg import sql
 from pyspark.sql import SparkSession
 
 from coldharbor import faults, lake, lake_store, maintenance_runs, pg, registry, report_runs, settings
-from coldharbor.errors import ConfigError
+from coldharbor.errors import ColdharborError, ConfigError, raise_if_tables_failed
 from coldharbor.job_main import run_job
 from coldharbor.registry import RegisteredTable
 from coldharbor.spark import temporary_conf
@@ -72,16 +72,18 @@ class CleanupConfig:
 @dataclass
 class TableCleanup:
     table: str
-    status: str = "cleaned"       # cleaned | skipped
+    status: str = "cleaned"       # cleaned | skipped | failed
     evicted_rows: int = 0
     vacuumed_files: list[str] = field(default_factory=list)
     leftovers_removed: list[str] = field(default_factory=list)
     change_log_pruned: int = 0
     batches_pruned: int = 0
+    error: str | None = None      # why a table of a run over every table was not cleaned
 
 
 def cleanup_table(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable,
                   config: CleanupConfig) -> TableCleanup:
+    registry.require_present([table])
     with pg.advisory_lock(conn, "cleanup", table.table_id) as acquired:
         if not acquired:
             log.info("skipped %s: another cleanup of this table holds its lock", table.qualified_name)
@@ -271,7 +273,7 @@ def run(spark: SparkSession, conn: psycopg.Connection, config: CleanupConfig) ->
     for run_id in report_runs.expire_dead(conn, "cleanup", config.dry_run):
         log.info("%s report run %s: it died without finishing", "would expire" if config.dry_run else "expired",
                  run_id)
-    results = [cleanup_table(spark, conn, t, config) for t in tables]
+    results = [cleanup_one(spark, conn, t, config) for t in tables]
     if config.table is None:
         verb = "would expire" if config.dry_run else "expired"
         log.info("%s %s report runs", verb, expire_report_runs(conn, config))
@@ -280,21 +282,37 @@ def run(spark: SparkSession, conn: psycopg.Connection, config: CleanupConfig) ->
     return results
 
 
+def cleanup_one(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable,
+                config: CleanupConfig) -> TableCleanup:
+    """One table of the run. Over every table (the daily DAG), a table refused for a reason of its
+    own (dropped, dropped and created again, a privilege revoked) is a `failed` result and the
+    others are still cleaned: one team's dropped table must not stop everyone's VACUUM and eviction."""
+    if config.table is not None:
+        return cleanup_table(spark, conn, table, config)
+    try:
+        return cleanup_table(spark, conn, table, config)
+    except ColdharborError as exc:
+        log.warning("%s not cleaned: %s", table.qualified_name, exc)  # the run ends with one error line
+        return TableCleanup(table.qualified_name, "failed", error=str(exc))
+
+
 def main(argv: list[str]) -> int:
     def body() -> int:
         config = parse_args(argv)
         with pg.connect(settings.pg_dsn()) as conn:
             # An unknown table, or a registered one PostgreSQL lost, fails before Spark starts.
             tables = registry.load(conn, config.table)
-            registry.require_present(tables)
-            for table in tables:
-                if config.evict and table.hot_retention is not None:
-                    registry.require_privileges(conn, table, deletes=True)
+            if config.table is not None:  # one table: refused before Spark starts
+                registry.require_present(tables)
+                if config.evict and tables[0].hot_retention is not None:
+                    registry.require_privileges(conn, tables[0], deletes=True)
             from coldharbor.spark import get_session
 
             spark = get_session("coldharbor-cleanup")
-            for result in run(spark, conn, config):
+            results = run(spark, conn, config)
+            for result in results:
                 log.info("result: %s", result)
+            raise_if_tables_failed(results, "cleaned")
         return 0
 
     return run_job("cleanup", body)

@@ -32,7 +32,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from coldharbor import faults, lake, maintenance_runs, pg, registry, settings
-from coldharbor.errors import ConfigError, LakeUnavailableError
+from coldharbor.errors import ConfigError, LakeUnavailableError, raise_if_tables_failed
 from coldharbor.job_main import run_job
 from coldharbor.lake import LakeFile, LakeSnapshot
 from coldharbor.lake_rows import BATCH_ID, DELETED, KEEP, mark_kept
@@ -92,8 +92,9 @@ class PartitionResult:
 @dataclass
 class TableResult:
     table: str
-    status: str                 # compacted | nothing_to_do | no_lake_table | skipped | gave_up
+    status: str                 # compacted | nothing_to_do | no_lake_table | skipped | gave_up | failed
     partitions: list[PartitionResult] = field(default_factory=list)
+    error: str | None = None    # why a table of a run over every table was left out
 
 
 def partitions_of(snap: LakeSnapshot) -> dict[tuple, list[LakeFile]]:
@@ -332,13 +333,21 @@ def main(argv: list[str]) -> int:
         config = parse_args(argv)
         with pg.connect(settings.pg_dsn()) as conn:
             tables = registry.load(conn, config.table)
-            registry.require_present(tables)  # before Spark starts
-            from coldharbor.spark import get_session
+            if config.table is not None:
+                registry.require_present(tables)  # before Spark starts
+            # Over every table, one gone or dropped and created again is named at the end; the
+            # others are still compacted.
+            results = [TableResult(t.qualified_name, "failed", error=registry.refusal(t))
+                       for t in tables if registry.refusal(t)]
+            todo = [t for t in tables if not registry.refusal(t)]
+            if todo:
+                from coldharbor.spark import get_session
 
-            spark = get_session("coldharbor-compact")
-            results = [compact_table(spark, conn, t, config) for t in tables]
+                spark = get_session("coldharbor-compact")
+                results += [compact_table(spark, conn, t, config) for t in todo]
         for result in results:
             log.info("result: %s", result)
+        raise_if_tables_failed(results, "compacted")
         gave_up = [r.table for r in results if r.status == "gave_up"]
         if gave_up:
             log.error("compact gave up on %s: concurrent commits won every attempt; nothing of those "

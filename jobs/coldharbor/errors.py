@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 
 class ColdharborError(Exception):
     """Base class: a problem the user can fix; the job prints it without a traceback."""
@@ -41,3 +44,25 @@ class UnrepresentableValueError(ColdharborError):
 
 class SparkUnavailableError(ColdharborError):
     """The Spark Connect server the jobs use cannot be reached (or was restarted mid-job)."""
+
+
+class TablesFailed(ColdharborError):
+    """A run over several tables left some out, each named with its reason; the others were done."""
+
+
+class _TableOutcome(Protocol):
+    table: str
+    status: str
+    error: str | None
+
+
+def raise_if_tables_failed(results: Sequence[_TableOutcome], verb: str) -> None:
+    """TablesFailed naming each `failed` table of a run and why (the one table's own reason alone
+    when the run had just that one), after the others were done."""
+    failed = [r for r in results if r.status == "failed"]
+    if len(results) == 1 and failed:
+        raise TablesFailed(failed[0].error)
+    if failed:
+        raise TablesFailed(f"{len(failed)} of {len(results)} tables not {verb} (the other "
+                           f"{len(results) - len(failed)} were): "
+                           + "; ".join(f"{r.table}: {r.error}" for r in failed))

@@ -22,7 +22,7 @@ import psycopg
 from pyspark.sql import SparkSession
 
 from coldharbor import base_load, batches, faults, hot_reader, lake, pg, registry, settings
-from coldharbor.errors import ColdharborError, LakeUnavailableError
+from coldharbor.errors import ColdharborError, LakeUnavailableError, raise_if_tables_failed
 from coldharbor.job_main import run_job
 from coldharbor.lake_rows import to_lake_rows
 from coldharbor.registry import RegisteredTable
@@ -50,10 +50,6 @@ class TableResult:
     recovered_batches: int = 0
     loaded_rows: int = 0     # rows of an initial load this run wrote first
     error: str | None = None  # failed: why, one line; nothing of the table was marked or recorded
-
-
-class ExportFailed(ColdharborError):
-    """Some tables of a run were refused (each named with its reason); the rest were exported."""
 
 
 def parse_args(argv: list[str]) -> ExportConfig:
@@ -270,26 +266,26 @@ def main(argv: list[str]) -> int:
         jdbc = pg.JdbcTarget.from_dsn(dsn)
         with pg.connect(dsn) as conn:
             tables = registry.load(conn, config.table)
-            registry.require_present(tables)
-            todo = [t for t in tables if needs_spark(conn, t)]
-            if not todo:
+            if config.table is not None:
+                registry.require_present(tables)
+            # Over every table, one gone or dropped and created again is named at the end; the
+            # others still export.
+            results = [TableResult(t.qualified_name, "failed", error=registry.refusal(t))
+                       for t in tables if registry.refusal(t)]
+            todo = [t for t in tables if not registry.refusal(t) and needs_spark(conn, t)]
+            if not todo and not results:
                 log.info("nothing dirty in %s registered table(s); no Spark session started", len(tables))
                 return 0
-            if len(todo) == 1:
+            if len(todo) == 1 and not results:
                 registry.require_privileges(conn, todo[0])  # refuse before Spark starts
-            from coldharbor.spark import get_session
+            if todo:
+                from coldharbor.spark import get_session
 
-            spark = get_session("coldharbor-cdc-export")
-            results = run(spark, conn, jdbc, config, todo)
+                spark = get_session("coldharbor-cdc-export")
+                results += run(spark, conn, jdbc, config, todo)
             for result in results:
                 log.info("result: %s", result)
-            failed = [r for r in results if r.status == "failed"]
-            if len(results) == 1 and failed:
-                raise ExportFailed(failed[0].error)
-            if failed:
-                raise ExportFailed(f"{len(failed)} of {len(results)} tables not exported (the other "
-                                   f"{len(results) - len(failed)} were): "
-                                   + "; ".join(f"{r.table}: {r.error}" for r in failed))
+            raise_if_tables_failed(results, "exported")
         return 0
 
     return run_job("cdc_export", body)

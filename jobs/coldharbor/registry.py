@@ -79,7 +79,8 @@ class RegisteredTable:
 _SELECT = """SELECT table_id, schema_name, table_name, key_columns, lake_location, partition_by, sort_by,
                     hot_retention, source_kind, rel IS NOT NULL AS present,
                     source_kind = 'table' AND rel IS NOT NULL
-                        AND (dropped_at IS NOT NULL OR (relid IS NOT NULL AND relid <> rel)) AS replaced
+                        AND (dropped_at IS NOT NULL OR (relid IS NOT NULL AND relid <> rel))
+                        AND (SELECT relkind IN ('r', 'p') FROM pg_class WHERE oid = rel) AS replaced
              FROM coldharbor.tables,
                   LATERAL (SELECT to_regclass(quote_ident(schema_name) || '.' || quote_ident(table_name))::oid) r(rel)"""
 _PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
@@ -147,6 +148,16 @@ def require_present(tables: Sequence[RegisteredTable]) -> None:
     for table in tables:
         if table.replaced:
             raise ReplacedTableError(replaced_message(table))
+
+
+def refusal(table: RegisteredTable) -> str | None:
+    """Why a job over every registered table must leave this one out (gone, or dropped and created
+    again), as require_present would say it; None for a table the job may work on."""
+    if not table.present:
+        return missing_message([table.qualified_name])
+    if table.replaced:
+        return replaced_message(table)
+    return None
 
 
 def lake_columns(conn: psycopg.Connection, table: RegisteredTable) -> list[LakeColumn]:
@@ -231,15 +242,18 @@ def guard_read(conn: psycopg.Connection, table: RegisteredTable) -> None:
 
 
 def refuse_replaced(conn: psycopg.Connection, table: RegisteredTable) -> None:
-    """ReplacedTableError when the table's name resolves, now, to another relation than the one
-    registered (or its registered relation was dropped since). A name that resolves to nothing is
-    left to the callers' own refusal of a missing table."""
+    """ReplacedTableError when the table's name resolves, now, to another table than the one
+    registered (or its registered relation was dropped since). A name that resolves to nothing, or
+    to something other than a table (a view put in its place), is left to the callers' own refusals
+    (a missing table; a relation whose reading would run its owner's code)."""
     if table.source_kind != "table":
         return
+    name = table.identifier.as_string(conn)
     replaced = conn.execute(
         "SELECT dropped_at IS NOT NULL OR (relid IS NOT NULL AND relid <> to_regclass(%s)::oid) "
-        "FROM coldharbor.tables WHERE table_id = %s AND to_regclass(%s) IS NOT NULL",
-        (table.identifier.as_string(conn), table.table_id, table.identifier.as_string(conn))).fetchone()
+        "FROM coldharbor.tables WHERE table_id = %s "
+        "AND (SELECT relkind IN ('r', 'p') FROM pg_class WHERE oid = to_regclass(%s)::oid)",
+        (name, table.table_id, name)).fetchone()
     if replaced is not None and replaced[0]:
         raise ReplacedTableError(replaced_message(table))
 

@@ -167,6 +167,44 @@ def test_eviction_keeps_reports_whole_and_later_writes_are_captured(
     assert lake_live(spark, lake_root, table_name, ["id"]) == everything
 
 
+def test_a_run_over_every_table_cleans_the_others_when_one_was_dropped_and_created_again(
+        spark, own_database, table_name, lake_root, monkeypatch, caplog):
+    """The daily cleanup runs over every registered table: a table dropped (and created again)
+    since its registration is named in the run's one error line, exit 2, and every other table is
+    still evicted -- one team's dropped table must not stop everyone's maintenance."""
+    admin_dsn, pg_dsn = own_database
+    with pg.connect(admin_dsn) as pg_conn:
+        kept = register(pg_conn, table_name, hot_retention="1 hour")
+        pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 'v' || g FROM generate_series(1, 4) g")
+        export(spark, pg_dsn, table_name, lake_root)
+        pg_conn.execute("""UPDATE coldharbor.change_log SET created_at = created_at - interval '2 hours',
+                                  flushed_at = flushed_at - interval '2 hours' WHERE table_id = %s""",
+                        (kept.table_id,))
+        dropped = f'"{table_name} dropped ü"'
+        pg_conn.execute(f"CREATE TABLE {dropped} (id bigint PRIMARY KEY, v text)")
+        pg_conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => '1 hour')", (dropped,))
+        pg_conn.execute(f"DROP TABLE {dropped}")
+        pg_conn.execute(f"CREATE TABLE {dropped} (id bigint PRIMARY KEY, v text)")
+        pg_conn.execute(f"INSERT INTO {dropped} VALUES (1, 'not captured')")
+
+        monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+        caplog.clear()
+        assert cleanup_main(["--lake-root", lake_root, "--retention-hours", "1", "--allow-short-retention"]) == 2
+        [error] = [r.getMessage() for r in caplog.records if "tables not cleaned" in r.getMessage()]
+        assert "1 of 2 tables not cleaned (the other 1 were)" in error, error
+        assert f"public.{dropped} was dropped and created again" in error, error
+        assert pg_conn.execute(f"SELECT count(*) FROM {table_name}").fetchone()[0] == 0  # all four evicted
+        assert pg_conn.execute(f"SELECT v FROM {dropped}").fetchall() == [("not captured",)]  # untouched
+        assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT count(*) AS n FROM {table_name}",
+                            "--target", "adhoc_cleaned_others", "--run-id", f"others-{kept.table_id}") == 0
+        assert pg_conn.execute("SELECT n FROM reports.adhoc_cleaned_others").fetchone()[0] == 4
+
+        # Named alone, the dropped table is refused before Spark starts; the run changes nothing.
+        caplog.clear()
+        assert cleanup_main(["--lake-root", lake_root, "--table", f"public.{table_name} dropped ü"]) == 2
+        assert "was dropped and created again" in caplog.text
+
+
 def test_eviction_waits_for_reports_still_running(spark, pg_dsn, pg_conn, table_name, lake_root):
     table = register(pg_conn, table_name, hot_retention="1 hour")
     pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")

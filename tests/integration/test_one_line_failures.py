@@ -53,7 +53,13 @@ def test_a_malformed_dsn_is_one_line_and_exit_2_for_every_job(job, dsn, message,
 
 
 def test_a_registered_table_whose_schema_was_dropped_is_one_line_and_exit_2(
-        spark, pg_dsn, pg_conn, lake_root, monkeypatch, caplog):
+        spark, own_database, lake_root, monkeypatch, caplog):
+    admin_dsn, pg_dsn = own_database  # the runs over every table meet this test's alone
+    with pg.connect(admin_dsn) as pg_conn:
+        schema_was_dropped(spark, pg_dsn, pg_conn, lake_root, monkeypatch, caplog)
+
+
+def schema_was_dropped(spark, pg_dsn, pg_conn, lake_root, monkeypatch, caplog):
     schema = f"s_{uuid.uuid4().hex[:8]}"
     pg_conn.execute(f"CREATE SCHEMA {schema}; CREATE TABLE {schema}.gone (id bigint PRIMARY KEY, v text)")
     pg_conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => '1 hour')", (f"{schema}.gone",))

@@ -205,10 +205,17 @@ HOSTILE = ' "q\'s" ü'  # a quote of each kind, spaces and a non-ASCII letter in
 
 
 def test_a_table_dropped_and_created_again_but_not_registered_again_is_refused_by_every_job(
-        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog):
+        spark, own_database, table_name, lake_root, monkeypatch, caplog):
     """The registration still names the old relation; the new table has no capture triggers, so its
     writes are not captured: every job refuses it in one line (exit 2) and writes nothing, with or
-    without the sql_drop event trigger's record of the drop."""
+    without the sql_drop event trigger's record of the drop. (A database of its own: the runs over
+    every table meet this test's alone.)"""
+    admin_dsn, pg_dsn = own_database
+    with pg.connect(admin_dsn) as pg_conn:
+        replaced_table_refused(spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog)
+
+
+def replaced_table_refused(spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog):
     from tests.integration.test_one_line_failures import one_error_line, run_job
 
     name = table_name + HOSTILE

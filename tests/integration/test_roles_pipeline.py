@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import psycopg
@@ -216,17 +215,6 @@ def test_the_pipeline_never_runs_code_of_the_table_owner(spark, app_logins, pg_d
             registry.guard_read(pipeline, table)
     assert pg_conn.execute(f"SELECT count(*) FROM {schema}.loot").fetchone()[0] == 0
     assert not Path(lake_root).exists()
-
-
-@pytest.fixture()
-def other_database(admin_dsn):
-    """A database of its own on the test server (the roles are the cluster's, already there); its DSN."""
-    name = f"db_{uuid.uuid4().hex[:8]}"
-    with pg.connect(admin_dsn) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    yield admin_dsn.rsplit("/", 1)[0] + "/" + name
-    with pg.connect(admin_dsn) as admin:
-        admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 def test_an_upgrade_secures_what_was_there_and_what_later_migrations_add(other_database, tmp_path):

@@ -210,7 +210,8 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
             images = _fetch_arrow(conn, whole_table_query(table, columns), table, columns)
             result[table.table_id] = HotTable(table, columns, images, None, hot_only=True,
                                               load_pending=not (hot_only or ahead), lake_ahead=ahead,
-                                              pinned_version=version, rebase_windows=windows)
+                                              known_from=load.loaded_at, pinned_version=version,
+                                              rebase_windows=windows)
             if ahead:
                 log.warning("%s; served from PostgreSQL alone (%s rows) until then", ahead, images.num_rows)
             elif not hot_only:

@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from coldharbor import hot_snapshot, lake, registry, registry_cache, settings, sinks, sql_guard
+from coldharbor.base_load import RebaseWindow
 from coldharbor.errors import ColdharborError, LakeUnavailableError, ReportError
 from coldharbor.hot_snapshot import HotSnapshot, HotTable
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT
@@ -94,6 +95,10 @@ def check_as_of(as_of: datetime, snapshot: HotSnapshot, window: timedelta) -> No
         window = hot.hiding_window(as_of) or (hot.open_window if hot.load_pending else None)
         if window is not None:
             raise ReportError(rebase_refusal(as_of, hot.table, window))
+        if hot.load_pending and hot.known_from is not None:
+            raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {hot.table.qualified_name}: its "
+                              f"newest base landed in the lake after the version this report read "
+                              f"({hot.pinned_version}); retry")
         if hot.load_pending:
             raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {hot.table.qualified_name}: its "
                               "initial load has not landed in the lake yet; retry after the next export")
@@ -107,18 +112,34 @@ def check_as_of(as_of: datetime, snapshot: HotSnapshot, window: timedelta) -> No
                               "retry after the next export")
 
 
-def rebase_refusal(as_of: datetime, table: RegisteredTable, window) -> str:
-    """The one line refusing an as-of instant inside a rebase window (`base_load.RebaseWindow`)."""
-    since = window.requested_at.isoformat()
+def rebase_refusal(as_of: datetime, table: RegisteredTable, window: RebaseWindow) -> str:
+    """The one line refusing an as-of instant a rebase window hides, saying where it falls: inside
+    the window (from the DDL on), before the DDL but after a change it rewrote before that change
+    was exported, before a rename, or before a rebase no base has answered yet (the table is then
+    read from PostgreSQL alone: `check_as_of`)."""
+    start, since = window.starts_at.isoformat(), window.requested_at.isoformat()
+    reason = registry.one_line(window.reason)
     if window.settled_at is None:
         until = "its new base, which the next export writes"
-        ask = f"retry after that export (then instants before {since} and from the new base on are answered)"
+        ask = f"retry after that export (then instants before {start} and from the new base on are answered)"
     else:
         until = f"its new base of {window.settled_at.isoformat()} (lake version {window.settled_version})"
-        ask = f"ask for an instant before {since}, or from {window.settled_at.isoformat()} on"
-    return (f"as-of {as_of.isoformat()} cannot be answered for {table.quoted_name}: it falls inside a rebase: "
-            f"{registry.one_line(window.reason)}; PostgreSQL held values the lake does not have from {since} until "
-            f"{until}; {ask}")
+        ask = f"ask for an instant before {start}, or from {window.settled_at.isoformat()} on"
+    head = f"as-of {as_of.isoformat()} cannot be answered for {table.quoted_name}: it falls"
+    if as_of >= window.requested_at:
+        return (f"{head} inside a rebase: {reason}; PostgreSQL held values the lake does not have from {since} "
+                f"until {until}; {ask}")
+    if window.renames_column:
+        then = ("retry after the next export writes the new base, then ask for an instant from it on"
+                if window.settled_at is None else f"ask for an instant from {window.settled_at.isoformat()} on")
+        return (f"{head} before a rename ({reason}, at {since}): lake rows written before it hold the column "
+                f"under its old name, so no earlier instant can be read under the new one; {then}")
+    if as_of >= window.starts_at:
+        return (f"{head} before a rebase ({reason}), but changes from {start} on were not exported when its DDL "
+                f"ran at {since}: the lake holds those keys only with the values the DDL left, from {start} until "
+                f"{until}; {ask}")
+    return (f"{head} before a rebase ({reason}, at {since}) that no base has answered yet: until the next "
+            f"export writes it, reports read the table from PostgreSQL alone; {ask}")
 
 
 def hot_frame(spark: SparkSession, hot: HotTable) -> DataFrame:

@@ -52,8 +52,10 @@ class HotTable:
         return next((w for w in self.rebase_windows if w.settled_at is None), None)
 
     def hiding_window(self, instant: datetime) -> base_load.RebaseWindow | None:
-        """The rebase window for which lake@pinned_version, read as of `instant`, misses values."""
-        return next((w for w in self.rebase_windows if w.hides(instant, self.pinned_version, self.known_from)), None)
+        """The rebase window for which lake@pinned_version, read as of `instant`, misses values: one
+        that holds the instant before one it hides only because its base is not in that version."""
+        hiding = [w for w in self.rebase_windows if w.hides(instant, self.pinned_version, self.known_from)]
+        return next((w for w in hiding if w.settled_at is None or instant < w.settled_at), next(iter(hiding), None))
 
 
 @dataclass(frozen=True)

@@ -25,19 +25,12 @@ ALTER TABLE coldharbor.rebases
 -- will stamp it; changes of the calling transaction (not committed yet) are left out.
 CREATE FUNCTION coldharbor.oldest_dirty_change_at(p_table_id integer)
 RETURNS timestamptz
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_own xid := (pg_current_xact_id_if_assigned()::text::numeric % 4294967296)::text::xid;
-BEGIN
-    IF NOT current_setting('track_commit_timestamp')::boolean THEN
-        RETURN (SELECT min(c.created_at) FROM coldharbor.change_log c
-                 WHERE c.table_id = p_table_id AND c.flushed_at IS NULL
-                   AND (v_own IS NULL OR c.xmin <> v_own));
-    END IF;
-    RETURN (SELECT min(coalesce(pg_xact_commit_timestamp(c.xmin), c.created_at)) FROM coldharbor.change_log c
-             WHERE c.table_id = p_table_id AND c.flushed_at IS NULL
-               AND (v_own IS NULL OR c.xmin <> v_own));
-END;
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT min(CASE WHEN current_setting('track_commit_timestamp')::boolean
+                    THEN coalesce(pg_xact_commit_timestamp(c.xmin), c.created_at) ELSE c.created_at END)
+      FROM coldharbor.change_log c
+     WHERE c.table_id = p_table_id AND c.flushed_at IS NULL
+       AND c.xmin::text IS DISTINCT FROM (pg_current_xact_id_if_assigned()::text::numeric % 4294967296)::text
 $$;
 
 -- Whether a column of table p_table_id has another name now than `columns_seen` records for it.

@@ -147,8 +147,9 @@ def test_as_of_before_a_rename_is_refused_and_after_its_base_is_exact(
 def test_as_of_before_a_rebase_no_base_answered_yet_is_not_told_it_is_inside_it(
         spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
     """While a rebase is pending the table is read from PostgreSQL alone and as-of reports over it
-    are refused; before the fix an instant before the DDL was told it fell inside the rebase. Once
-    the base lands, that instant equals PostgreSQL then (the new column NULL: it did not exist)."""
+    are refused; before the fix an instant before the DDL was told it fell inside the rebase. A
+    change made in the DDL's own transaction does not move the window before the DDL. Once the
+    base lands, that instant equals PostgreSQL then (the new column NULL: it did not exist)."""
     name = table_name + HOSTILE
     t = quoted(name)
     pg_conn.execute(f"CREATE TABLE {t} (code text PRIMARY KEY, amount numeric(12,2))")
@@ -157,7 +158,9 @@ def test_as_of_before_a_rebase_no_base_answered_yet_is_not_told_it_is_inside_it(
     assert export(spark, pg_dsn, f"public.{name}", lake_root).status == "loaded"
     t_before = clock(pg_conn)
     at_before = pg_rows(pg_conn, f"SELECT *, NULL::integer AS qty FROM {t}", ["code"])
-    pg_conn.execute(f"ALTER TABLE {t} ADD COLUMN qty integer NOT NULL DEFAULT 7")
+    with pg_conn.transaction():  # the DDL's own change commits with it: inside the window, not before it
+        pg_conn.execute(f"UPDATE {t} SET amount = -1 WHERE code = 'code-1 ''x'''")
+        pg_conn.execute(f"ALTER TABLE {t} ADD COLUMN qty integer NOT NULL DEFAULT 7")
     t_inside = clock(pg_conn)
     report = f"SELECT * FROM public.`{name}`"
 

@@ -176,5 +176,6 @@ def test_as_of_before_a_rebase_no_base_answered_yet_is_not_told_it_is_inside_it(
     code, error = as_of(monkeypatch, pg_conn, pg_dsn, lake_root, report, t_inside, ["code"])
     assert code == 2 and "it falls inside a rebase: column qty was added with a default" in error, error
 
-    assert export(spark, pg_dsn, f"public.{name}", lake_root).status == "loaded"
+    assert export(spark, pg_dsn, f"public.{name}", lake_root).status == "exported"  # the base, then the change
+    assert rebase_of(pg_conn, f"public.{name}")["settled_at"] is not None
     assert as_of(monkeypatch, pg_conn, pg_dsn, lake_root, report, t_before, ["code"]) == (0, at_before)

@@ -179,3 +179,35 @@ def test_as_of_before_a_rebase_no_base_answered_yet_is_not_told_it_is_inside_it(
     assert export(spark, pg_dsn, f"public.{name}", lake_root).status == "exported"  # the base, then the change
     assert rebase_of(pg_conn, f"public.{name}")["settled_at"] is not None
     assert as_of(monkeypatch, pg_conn, pg_dsn, lake_root, report, t_before, ["code"]) == (0, at_before)
+
+
+def test_as_of_after_changes_not_exported_when_the_table_was_dropped_and_created_anew_is_refused(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
+    """Changes of the old table still dirty when it was dropped are exported after the new table's
+    base, their keys' images read from the new table under their old times: as of an instant
+    between them and the drop the lake holds the new table's rows. Refused from the oldest of them;
+    an instant before it equals the old table then."""
+    name = table_name + HOSTILE
+    t = quoted(name)
+    pg_conn.execute(f"CREATE TABLE {t} (id bigint PRIMARY KEY, v text)")
+    pg_conn.execute(f"INSERT INTO {t} SELECT g, 'old-' || g FROM generate_series(1, 20) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
+    assert export(spark, pg_dsn, f"public.{name}", lake_root).status == "loaded"
+    report = f"SELECT * FROM public.`{name}`"
+    t_exact = clock(pg_conn)
+    at_exact = pg_rows(pg_conn, f"SELECT * FROM {t}", ["id"])
+    pg_conn.execute(f"UPDATE {t} SET v = 'changed' WHERE id <= 4")
+    t_dirty = clock(pg_conn)
+    pg_conn.execute(f"DROP TABLE {t}")
+    pg_conn.execute(f"CREATE TABLE {t} (id bigint PRIMARY KEY, v text)")
+    pg_conn.execute(f"INSERT INTO {t} SELECT g, 'new-' || g FROM generate_series(1, 10) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
+    assert export(spark, pg_dsn, f"public.{name}", lake_root).status in ("loaded", "exported")
+
+    assert as_of(monkeypatch, pg_conn, pg_dsn, lake_root, report, t_exact, ["id"]) == (0, at_exact)
+    code, error = as_of(monkeypatch, pg_conn, pg_dsn, lake_root, report, t_dirty, ["id"])
+    assert code == 2, f"served {sorted(r['v'] for r in error.values())} where the old table held 'changed'"
+    window = rebase_of(pg_conn, f"public.{name}")
+    assert t_exact < window["dirty_since"] < t_dirty < window["requested_at"]
+    assert error.startswith(f"as-of {t_dirty.isoformat()} cannot be answered for public.{t}: it falls before a "
+                            "rebase (registered again after the table was dropped and created anew"), error

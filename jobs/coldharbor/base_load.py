@@ -83,35 +83,54 @@ def load_state(conn: psycopg.Connection, table_id: int) -> LoadState:
 
 @dataclass(frozen=True)
 class RebaseWindow:
-    """A time when PostgreSQL held values the lake does not (sql/015): from the request of a rebase
-    (DDL that changed rows without writing them) until the snapshot of the base that answered it."""
+    """A time when the lake does not hold PostgreSQL's values (sql/015, sql/016): from the oldest
+    change not yet exported when DDL changed rows without writing them (its image is read after
+    the DDL, with the values the DDL left, under the change's earlier time), or from the request
+    itself, until the snapshot of the base that answered it. Before a rename the lake holds the
+    column under its old name: every instant before the base is hidden."""
 
     reason: str
     requested_at: datetime
     settled_at: datetime | None       # None: no base has answered it yet
     settled_version: int | None
+    dirty_since: datetime | None = None  # the oldest change not exported at the request, if before it
+    renames_column: bool = False
+
+    @property
+    def starts_at(self) -> datetime:
+        """The first instant the lake cannot answer: the oldest change dirty at the DDL, or the request."""
+        if self.dirty_since is None:
+            return self.requested_at
+        return min(self.dirty_since, self.requested_at)
 
     def hides(self, instant: datetime, version: int | None, lake_from: datetime | None) -> bool:
         """Whether lake@version read as of `instant` would miss the rebase's values. A window settled
         before `lake_from` (the start of the lake there now) belongs to an earlier lake: its version
         says nothing about this one."""
-        if instant < self.requested_at:
+        if self.renames_column and not self.of_earlier_lake(lake_from) and (
+                self.settled_at is None or instant < self.settled_at):
+            return True
+        if instant < self.starts_at:
             return False
         if self.settled_at is None or instant < self.settled_at:
             return True
         return self.lacks_base(version, lake_from)
 
+    def of_earlier_lake(self, lake_from: datetime | None) -> bool:
+        """Whether the base that answered the window started before the lake there now did."""
+        return self.settled_at is not None and lake_from is not None and self.settled_at <= lake_from
+
     def lacks_base(self, version: int | None, lake_from: datetime | None) -> bool:
         """Whether lake@version lacks the base that answered the window (it landed after V)."""
-        if self.settled_version is None or (lake_from is not None and self.settled_at <= lake_from):
+        if self.settled_version is None or self.of_earlier_lake(lake_from):
             return False
         return version is None or version < self.settled_version
 
 
 def rebase_windows(conn: psycopg.Connection, table_id: int) -> tuple[RebaseWindow, ...]:
     """The table's rebase windows, oldest first, as the caller's snapshot sees them."""
-    rows = conn.execute("SELECT reason, requested_at, settled_at, settled_version FROM coldharbor.rebases "
-                        "WHERE table_id = %s ORDER BY serial", (table_id,)).fetchall()
+    rows = conn.execute("SELECT reason, requested_at, settled_at, settled_version, dirty_since, renames_column "
+                        "FROM coldharbor.rebases WHERE table_id = %s ORDER BY serial", (table_id,)).fetchall()
     return tuple(RebaseWindow(*row) for row in rows)
 
 

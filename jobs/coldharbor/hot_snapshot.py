@@ -52,8 +52,10 @@ class HotTable:
         return next((w for w in self.rebase_windows if w.settled_at is None), None)
 
     def hiding_window(self, instant: datetime) -> base_load.RebaseWindow | None:
-        """The rebase window for which lake@pinned_version, read as of `instant`, misses values."""
-        return next((w for w in self.rebase_windows if w.hides(instant, self.pinned_version, self.known_from)), None)
+        """The rebase window for which lake@pinned_version, read as of `instant`, misses values: one
+        that holds the instant before one it hides only because its base is not in that version."""
+        hiding = [w for w in self.rebase_windows if w.hides(instant, self.pinned_version, self.known_from)]
+        return next((w for w in hiding if w.settled_at is None or instant < w.settled_at), next(iter(hiding), None))
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,8 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
             images = _fetch_arrow(conn, whole_table_query(table, columns), table, columns)
             result[table.table_id] = HotTable(table, columns, images, None, hot_only=True,
                                               load_pending=not (hot_only or ahead), lake_ahead=ahead,
-                                              pinned_version=version, rebase_windows=windows)
+                                              known_from=load.loaded_at, pinned_version=version,
+                                              rebase_windows=windows)
             if ahead:
                 log.warning("%s; served from PostgreSQL alone (%s rows) until then", ahead, images.num_rows)
             elif not hot_only:

@@ -17,14 +17,14 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from coldharbor import hot_snapshot, lake, registry, registry_cache, settings, sinks, sql_guard
+from coldharbor.as_of import check_as_of, lake_as_of
 from coldharbor.errors import ColdharborError, LakeUnavailableError, ReportError
 from coldharbor.hot_snapshot import HotSnapshot, HotTable
-from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT
+from coldharbor.lake_rows import DELETED
 from coldharbor.pg import JdbcTarget
-from coldharbor.registry import LakeColumn, RegisteredTable
+from coldharbor.registry import RegisteredTable
 from coldharbor.report_runs import RunRecord
 from coldharbor.report_spec import ReportSpec
 from coldharbor.spark import local_checkpoint
@@ -78,49 +78,6 @@ def lake_batch_ids(spark: SparkSession, tables: Sequence[RegisteredTable], lake_
             for t in tables}
 
 
-def check_as_of(as_of: datetime, snapshot: HotSnapshot, window: timedelta) -> None:
-    """An as-of read is exact only inside the history window and before the oldest change the
-    pinned lake versions lack."""
-    if as_of > snapshot.taken_at:
-        raise ReportError(f"as-of {as_of.isoformat()} is in the future (now: {snapshot.taken_at.isoformat()})")
-    if as_of < snapshot.taken_at - window:
-        raise ReportError(f"as-of {as_of.isoformat()} is outside the history window of "
-                          f"{window.total_seconds() / 3600:g} hours; the oldest time a report can be asked for "
-                          f"is {(snapshot.taken_at - window).isoformat()}")
-    for hot in snapshot.tables.values():
-        if hot.lake_ahead:
-            raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {hot.table.qualified_name}: the "
-                              f"lake's history is not PostgreSQL's: {hot.lake_ahead}")
-        window = hot.hiding_window(as_of) or (hot.open_window if hot.load_pending else None)
-        if window is not None:
-            raise ReportError(rebase_refusal(as_of, hot.table, window))
-        if hot.load_pending:
-            raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {hot.table.qualified_name}: its "
-                              "initial load has not landed in the lake yet; retry after the next export")
-        if hot.known_from is not None and as_of < hot.known_from:
-            raise ReportError(f"as-of {as_of.isoformat()} is before {hot.table.qualified_name} was loaded into the "
-                              f"lake: its initial load read the table as of {hot.known_from.isoformat()}, and the "
-                              "lake knows nothing earlier; the oldest time a report can be asked for is that one")
-        if hot.unexported_since is not None and hot.unexported_since <= as_of:
-            raise ReportError(f"as-of {as_of.isoformat()} is not in the lake yet: {hot.table.qualified_name} has "
-                              f"changes from {hot.unexported_since.isoformat()} that are not exported; "
-                              "retry after the next export")
-
-
-def rebase_refusal(as_of: datetime, table: RegisteredTable, window) -> str:
-    """The one line refusing an as-of instant inside a rebase window (`base_load.RebaseWindow`)."""
-    since = window.requested_at.isoformat()
-    if window.settled_at is None:
-        until = "its new base, which the next export writes"
-        ask = f"retry after that export (then instants before {since} and from the new base on are answered)"
-    else:
-        until = f"its new base of {window.settled_at.isoformat()} (lake version {window.settled_version})"
-        ask = f"ask for an instant before {since}, or from {window.settled_at.isoformat()} on"
-    return (f"as-of {as_of.isoformat()} cannot be answered for {table.quoted_name}: it falls inside a rebase: "
-            f"{registry.one_line(window.reason)}; PostgreSQL held values the lake does not have from {since} until "
-            f"{until}; {ask}")
-
-
 def hot_frame(spark: SparkSession, hot: HotTable) -> DataFrame:
     """The collected images as a DataFrame over the driver's copy, so never re-read from PostgreSQL.
 
@@ -154,31 +111,6 @@ def table_view(spark: SparkSession, hot: HotTable, version: int | None, lake_roo
     if version is None:  # nothing exported yet: the table is its hot images
         return images.filter(~images[DELETED]).transform(table_contract(columns))
     return lake.read_version(spark, hot.table.lake_path(lake_root), version).transform(unified_rows(images, columns))
-
-
-def lake_as_of(rows: DataFrame, columns: Sequence[LakeColumn], as_of: datetime, table: str) -> DataFrame:
-    """The table as of `as_of` from its lake rows, or ReportError when the lake cannot know it.
-
-    An export writes one image per key for all of the key's changes since the previous export; a
-    key changed more than once in that time has no lake version for the instants between its first
-    and its last change. Serving the older version there would be a stale answer: refused instead,
-    naming the nearest instants that are exact.
-    """
-    if FIRST_CHANGED_AT in rows.columns:
-        spans = rows.filter((F.col(FIRST_CHANGED_AT) <= F.lit(as_of)) & (F.col(CHANGED_AT) > F.lit(as_of)))
-        iso = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # in the session's zone (UTC), with it
-        found = spans.agg(F.count(F.lit(1)).alias("keys"),
-                          F.date_format(F.min(FIRST_CHANGED_AT), iso).alias("start"),
-                          F.date_format(F.max(CHANGED_AT), iso).alias("end")).first()
-        if found["keys"]:
-            raise ReportError(
-                f"as-of {as_of.isoformat()} cannot be answered exactly for {table}: {found['keys']} key(s) changed "
-                "more than once between two exports around that instant, and the lake holds one version per key "
-                f"per export; the nearest exact instants are before {found['start']} or from {found['end']} on")
-    else:
-        log.warning("%s: lake rows written before %s existed; as-of answers inside a span of changes exported "
-                    "together cannot be told apart", table, FIRST_CHANGED_AT)
-    return rows.transform(cold_live(columns, as_of))
 
 
 def register_views(spark: SparkSession, snapshot: HotSnapshot, pinned: Mapping[int, int | None],

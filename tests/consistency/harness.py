@@ -401,10 +401,12 @@ class Run:
         self.trace.append("table rewritten by ALTER TABLE: rebase requested")
 
     def in_rebase_window(self, at) -> bool:
-        """Whether `at` lies in a rebase window: from a request until the base that answered it."""
+        """Whether `at` lies in a rebase window: from the oldest change not exported when the DDL ran
+        (or the request) until the base that answered it (sql/016)."""
         return self.conn.execute("""
             SELECT EXISTS (SELECT 1 FROM coldharbor.rebases r JOIN coldharbor.tables t USING (table_id)
-                            WHERE t.schema_name || '.' || t.table_name = %s AND r.requested_at <= %s
+                            WHERE t.schema_name || '.' || t.table_name = %s
+                              AND least(r.dirty_since, r.requested_at) <= %s
                               AND (r.settled_at IS NULL OR %s < r.settled_at))""",
                                  (self.table, at, at)).fetchone()[0]
 
@@ -501,7 +503,7 @@ class Run:
                 self.fail(f"as-of {at.isoformat()} was refused as before the initial load, which read the table "
                           f"as of {loaded_at}: {error}")
             self.trace.append(f"report as of {at.isoformat()}: refused, before the initial load (correct)")
-        elif "falls inside a rebase" in error:
+        elif "falls inside a rebase" in error or "falls before a rebase" in error:
             pending = self.conn.execute("SELECT load_state = 'pending' FROM coldharbor.tables "
                                         "WHERE schema_name || '.' || table_name = %s", (self.table,)).fetchone()[0]
             if not (pending or self.in_rebase_window(at)):
@@ -512,6 +514,10 @@ class Run:
             if self.loaded_at() is not None:
                 self.fail(f"as-of {at.isoformat()} was refused as before the load landed, but it has: {error}")
             self.trace.append(f"report as of {at.isoformat()}: refused, the initial load is pending (correct)")
+        elif "newest base landed in the lake after the version this report read" in error:
+            if self.loaded_at() is None:
+                self.fail(f"as-of {at.isoformat()} was refused as after a base, but none landed: {error}")
+            self.trace.append(f"report as of {at.isoformat()}: refused, a base landed after the pin (correct)")
         elif "cannot be answered exactly" in error:
             if not self.exported_together_around(at):
                 self.fail(f"as-of {at.isoformat()} was refused as inside a span of changes exported together, "

@@ -1,0 +1,122 @@
+"""Which instants an as-of report can answer exactly, and the one line refusing the others.
+
+An as-of read is the lake's rows whose change committed at or before the instant, last write per
+key (`unified.cold_live`). It is exact only inside the history window, before the oldest change the
+pinned lake version lacks, from the lake's start on, outside every rebase window (sql/015-016:
+from the oldest change not exported when DDL changed rows without writing them, or the DDL, until
+the base that answered it; before a rename, every instant until its base) and outside a span of
+changes one export wrote as one image.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from coldharbor import registry
+from coldharbor.base_load import RebaseWindow
+from coldharbor.errors import ReportError
+from coldharbor.hot_snapshot import HotSnapshot, HotTable
+from coldharbor.lake_rows import CHANGED_AT, FIRST_CHANGED_AT
+from coldharbor.registry import LakeColumn, RegisteredTable
+from coldharbor.unified import cold_live
+
+log = logging.getLogger(__name__)
+
+
+def check_as_of(as_of: datetime, snapshot: HotSnapshot, window: timedelta) -> None:
+    """An as-of read is exact only inside the history window and before the oldest change the
+    pinned lake versions lack."""
+    if as_of > snapshot.taken_at:
+        raise ReportError(f"as-of {as_of.isoformat()} is in the future (now: {snapshot.taken_at.isoformat()})")
+    if as_of < snapshot.taken_at - window:
+        raise ReportError(f"as-of {as_of.isoformat()} is outside the history window of "
+                          f"{window.total_seconds() / 3600:g} hours; the oldest time a report can be asked for "
+                          f"is {(snapshot.taken_at - window).isoformat()}")
+    for hot in snapshot.tables.values():
+        refuse_table_as_of(as_of, hot)
+
+
+def refuse_table_as_of(as_of: datetime, hot: HotTable) -> None:
+    """ReportError when lake@V cannot answer for `hot`'s table as of `as_of`: a lake that is not
+    PostgreSQL's past, a rebase window, a base not in V, before the lake's start, or changes not
+    exported yet."""
+    name = hot.table.qualified_name
+    if hot.lake_ahead:
+        raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {name}: the lake's history is not "
+                          f"PostgreSQL's: {hot.lake_ahead}")
+    window = hot.hiding_window(as_of) or (hot.open_window if hot.load_pending else None)
+    if window is not None and (window.settled_at is None or as_of < window.settled_at):
+        raise ReportError(rebase_refusal(as_of, hot.table, window))
+    if hot.load_pending and hot.known_from is not None:  # a base landed after the pin (the window is settled)
+        raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {name}: its newest base landed in "
+                          f"the lake after the version this report read ({hot.pinned_version}); retry")
+    if hot.load_pending:
+        raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {name}: its initial load has not "
+                          "landed in the lake yet; retry after the next export")
+    if hot.known_from is not None and as_of < hot.known_from:
+        raise ReportError(f"as-of {as_of.isoformat()} is before {name} was loaded into the lake: its initial load "
+                          f"read the table as of {hot.known_from.isoformat()}, and the lake knows nothing earlier; "
+                          "the oldest time a report can be asked for is that one")
+    if hot.unexported_since is not None and hot.unexported_since <= as_of:
+        raise ReportError(f"as-of {as_of.isoformat()} is not in the lake yet: {name} has changes from "
+                          f"{hot.unexported_since.isoformat()} that are not exported; retry after the next export")
+
+
+def rebase_refusal(as_of: datetime, table: RegisteredTable, window: RebaseWindow) -> str:
+    """The one line refusing an as-of instant a rebase window hides, saying where it falls: inside
+    the window (from the DDL on), before the DDL but after a change it rewrote before that change
+    was exported, before a rename, or before a rebase no base has answered yet (the table is then
+    read from PostgreSQL alone: `check_as_of`)."""
+    start, since = window.starts_at.isoformat(), window.requested_at.isoformat()
+    reason = registry.one_line(window.reason)
+    if window.settled_at is None:
+        until = "its new base, which the next export writes"
+        ask = f"retry after that export (then instants before {start} and from the new base on are answered)"
+    else:
+        until = f"its new base of {window.settled_at.isoformat()} (lake version {window.settled_version})"
+        ask = f"ask for an instant before {start}, or from {window.settled_at.isoformat()} on"
+    head = f"as-of {as_of.isoformat()} cannot be answered for {table.quoted_name}: it falls"
+    if as_of >= window.requested_at:
+        return (f"{head} inside a rebase: {reason}; PostgreSQL held values the lake does not have from {since} "
+                f"until {until}; {ask}")
+    if window.renames_column:
+        then = ("retry after the next export writes the new base, then ask for an instant from it on"
+                if window.settled_at is None else f"ask for an instant from {window.settled_at.isoformat()} on")
+        return (f"{head} before a rename ({reason}, at {since}): lake rows written before it hold the column "
+                f"under its old name, so no earlier instant can be read under the new one; {then}")
+    if as_of >= window.starts_at:
+        return (f"{head} before a rebase ({reason}), but changes from {start} on were not exported when its DDL "
+                f"ran at {since}: the lake holds those keys only with the values the DDL left, from {start} until "
+                f"{until}; {ask}")
+    return (f"{head} before a rebase ({reason}, at {since}) that no base has answered yet: until the next "
+            f"export writes it, reports read the table from PostgreSQL alone; {ask}")
+
+
+def lake_as_of(rows: DataFrame, columns: Sequence[LakeColumn], as_of: datetime, table: str) -> DataFrame:
+    """The table as of `as_of` from its lake rows, or ReportError when the lake cannot know it.
+
+    An export writes one image per key for all of the key's changes since the previous export; a
+    key changed more than once in that time has no lake version for the instants between its first
+    and its last change. Serving the older version there would be a stale answer: refused instead,
+    naming the nearest instants that are exact.
+    """
+    if FIRST_CHANGED_AT in rows.columns:
+        spans = rows.filter((F.col(FIRST_CHANGED_AT) <= F.lit(as_of)) & (F.col(CHANGED_AT) > F.lit(as_of)))
+        iso = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # in the session's zone (UTC), with it
+        found = spans.agg(F.count(F.lit(1)).alias("keys"),
+                          F.date_format(F.min(FIRST_CHANGED_AT), iso).alias("start"),
+                          F.date_format(F.max(CHANGED_AT), iso).alias("end")).first()
+        if found["keys"]:
+            raise ReportError(
+                f"as-of {as_of.isoformat()} cannot be answered exactly for {table}: {found['keys']} key(s) changed "
+                "more than once between two exports around that instant, and the lake holds one version per key "
+                f"per export; the nearest exact instants are before {found['start']} or from {found['end']} on")
+    else:
+        log.warning("%s: lake rows written before %s existed; as-of answers inside a span of changes exported "
+                    "together cannot be told apart", table, FIRST_CHANGED_AT)
+    return rows.transform(cold_live(columns, as_of))

@@ -260,6 +260,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     # Refusals (an unwritable lake, a type the lake table cannot take) come before the intent, so a
     # refused base leaves nothing behind.
     lake.ensure_writable(spark, path)
+    lake.require_own_lake(spark, path, app_id, table.quoted_name)
     change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
                                 table.qualified_name)
     batch_id, token = begin(conn, table, kind, run_id, lake.committed_txn_version(spark, path, app_id))
@@ -309,7 +310,8 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
         lake_values.refuse_in_table(conn, table, columns, LOAD_REFUSED)
         hook(f"{points}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
-        rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=table.hot_retention is not None)
+        tiered = table.hot_retention is not None and not answers_new_relation(conn, table.table_id)
+        rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=tiered)
                 .transform(to_lake_rows(columns, batch_id, datetime.now(timezone.utc))))
         rows = faults.inside_tasks(rows, f"{points}_during_write")
         with pg.lake_commit_lock(conn, table.table_id, path):
@@ -324,6 +326,14 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
                                         "rebase_serial": rebase_serial},
                               add_columns=bool(change.added or change.metadata_added),
                               stats_columns=[*table.key_columns, *table.sort_by])
+
+
+def answers_new_relation(conn: psycopg.Connection, table_id: int) -> bool:
+    """Whether the base answers the registration of another relation under the table's name (sql/017):
+    the lake's keys are then the old table's, none of them evicted by the new one, so even a tiered
+    table's base marks deleted every lake key the new table does not hold."""
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.rebases WHERE table_id = %s "
+                        "AND settled_at IS NULL AND new_relation)", (table_id,)).fetchone()[0]
 
 
 def starts_lake(kind: str, version: int) -> bool:

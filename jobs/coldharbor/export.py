@@ -130,6 +130,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
             log.info("%s: the lake table gains metadata column(s) %s (NULL in older rows)", table.qualified_name,
                      ", ".join(change.metadata_added))
 
+        lake.require_own_lake(spark, path, lake.export_app_id(table.table_id), table.quoted_name)
         refuse_if_lake_ahead(spark, conn, table, path)
         # One snapshot for the images and the batch's change ids (invariant 1): this transaction
         # exports it, the JDBC readers import it, and the intent is recorded in it and committed.

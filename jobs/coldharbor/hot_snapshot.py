@@ -163,12 +163,30 @@ def _load_not_in(load: base_load.LoadState, version: int | None,
     return load.loaded_version is not None and (version is None or version < load.loaded_version)
 
 
-def lake_ahead(conn: psycopg.Connection, table: RegisteredTable, lake_batch_id: int | None) -> str | None:
+def _missing_base(load: base_load.LoadState, version: int | None,
+                  windows: Sequence[base_load.RebaseWindow]) -> str:
+    """What lake@version lacks, for `_load_not_in`'s log line: the initial load, or the new base of a
+    rebase (naming why it was asked for)."""
+    window = next((w for w in windows if w.settled_at is None or w.lacks_base(version, load.loaded_at)), None)
+    if window is not None:
+        return f"the new base of a rebase ({window.reason})"
+    return "its initial load"
+
+
+def lake_ahead(conn: psycopg.Connection, table: RegisteredTable, lake_batch_id: int | None,
+               version: int | None = None) -> str | None:
     """The export's refusal (`lake.check_batch_id`) when the lake holds a batch id this snapshot of
     PostgreSQL never used (it was restored from a backup), else None. `lake_batch_id` is the lake's
     `committed_txn_version`, read before the snapshot. The lake is then not PostgreSQL's past, and
     PostgreSQL alone is the table, unless it is tiered: its evicted rows live in the lake alone, and
-    the report is refused."""
+    the report is refused.
+
+    A lake table at pinned `version` in which the registration never committed (`lake.foreign_lake`:
+    another registration's) is not the table's past either; the export refuses to write there, so
+    none of the table's rows ever left PostgreSQL, which alone is the table, tiered or not."""
+    if version is not None and lake_batch_id is None:
+        return (f"the lake table of {table.quoted_name} was not written by its registration (an earlier "
+                "registration's, or another table's; the export refuses to write there and names the folder)")
     try:
         lake.check_batch_id(lake_batch_id, batches.next_batch_id(conn, table.table_id), table.qualified_name)
     except lake.LakeAheadError as exc:
@@ -206,7 +224,8 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
         if not hot_only and version is None and _flushed_before(conn, table):
             raise LakeUnavailableError(f"the lake table of {table.qualified_name} is missing, but changes of it "
                                        "were flushed there; the lake location is wrong or was removed")
-        ahead = None if hot_only or lake_batches is None else lake_ahead(conn, table, lake_batches[table.table_id])
+        ahead = (None if hot_only or lake_batches is None
+                 else lake_ahead(conn, table, lake_batches[table.table_id], version))
         if hot_only or ahead or _load_not_in(load, version, windows):
             # Invariant 12: until the initial load is in lake@V, PostgreSQL alone is the table.
             images = _fetch_arrow(conn, whole_table_query(table, columns), table, columns)
@@ -217,8 +236,8 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
             if ahead:
                 log.warning("%s; served from PostgreSQL alone (%s rows) until then", ahead, images.num_rows)
             elif not hot_only:
-                log.info("%s: initial load not in lake version %s; served from PostgreSQL alone (%s rows)",
-                         table.qualified_name, version, images.num_rows)
+                log.info("%s: %s not in lake version %s; served from PostgreSQL alone (%s rows)",
+                         table.qualified_name, _missing_base(load, version, windows), version, images.num_rows)
             continue
         since = -1 if version is None else version
         images = _fetch_arrow(conn, dirty_images_query(table, columns, since, hot_reader.source_relation(conn, table)),

@@ -194,6 +194,33 @@ def committed_txn_version(spark: SparkSession, path: str, app_id: str) -> int | 
     return lake_store.txn_version(path, app_id)
 
 
+class ForeignLakeError(LakeUnavailableError):
+    """The table's lake folder holds a Delta table its registration never wrote: an earlier
+    registration's (its row removed from coldharbor.tables, the table registered anew), or another
+    table's. Its rows would mix with this registration's, and its batch ids and sequences outrank
+    them; nothing may be written there."""
+
+    def __init__(self, table: str, path: str):
+        super().__init__(
+            f"the lake folder {path} holds a Delta table that this registration of {table} did not write (an "
+            "earlier registration of a table of that name, or another table's lake), so nothing was written to it; "
+            "move that folder aside (or remove it) and the next export writes the table whole into a new lake "
+            "table there")
+
+
+def foreign_lake(path: str, app_id: str) -> bool:
+    """Whether `path` holds a Delta table in which `app_id` (the registration's export, which every
+    write of its own carries: exports, bases and fences) never committed."""
+    return lake_store.txn_version(path, app_id) is None and lake_store.version(path) is not None
+
+
+def require_own_lake(spark: SparkSession, path: str, app_id: str, table: str) -> None:
+    """ForeignLakeError, before anything is recorded or written, when `path` holds a Delta table the
+    registration did not write (`foreign_lake`). A missing lake table is the registration's to start."""
+    if foreign_lake(path, app_id):
+        raise ForeignLakeError(table, path)
+
+
 def require_unused_batch_id(spark: SparkSession, path: str, app_id: str, batch_id: int, table: str) -> None:
     """LakeAheadError when Delta would treat `batch_id` as already written (a silent no-op)."""
     check_batch_id(committed_txn_version(spark, path, app_id), batch_id, table)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -100,26 +101,75 @@ def one_line(text: str) -> str:
 
 
 def split_name(name: str) -> tuple[str, str]:
-    """'schema.table' (or 'table', meaning public) into its two parts."""
+    """'schema.table' (or 'table', meaning public) into its two parts, as written."""
+    if not name.strip():
+        raise ConfigError("the table name is empty: name a registered table as schema.table")
     parts = name.split(".")
     if len(parts) == 1:
         return "public", parts[0]
     if len(parts) == 2 and all(parts):
         return parts[0], parts[1]
-    raise ConfigError(f"table name {name!r} is not of the form schema.table")
+    raise ConfigError(f"table name {one_line(repr(name))} is not of the form schema.table")
+
+
+# One part of a name as SQL writes it: "quoted" (a doubled quote inside) or an unquoted identifier.
+_SQL_PART = re.compile(r'"((?:[^"]|"")+)"|([^\W\d]\w*(?:\$\w*)*)')
+
+
+# PostgreSQL folds unquoted identifiers to lower case in ASCII only (in a UTF-8 database).
+_FOLD = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def sql_name(name: str) -> tuple[str, str] | None:
+    """'schema.table' as SQL (and the jobs' messages, `quoted_name`) writes it -- `app."Weird Tbl"`:
+    quoted parts as they are, unquoted ones folded to lower case -- or None when it is not so written."""
+    parts, at = [], 0
+    while True:
+        match = _SQL_PART.match(name, at)
+        if match is None:
+            return None
+        quoted, plain = match.groups()
+        parts.append(quoted.replace('""', '"') if quoted is not None else plain.translate(_FOLD))
+        at = match.end()
+        if at == len(name):
+            break
+        if name[at] != "." or len(parts) == 2:
+            return None
+        at += 1
+    return ("public", parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+
+
+def name_candidates(name: str) -> list[tuple[str, str]]:
+    """The (schema, table) a job's --table may mean: as written, split at its dot (`app.Weird Tbl`),
+    and as SQL writes it (`app."Weird Tbl"`, the spelling the jobs' messages print)."""
+    candidates = [candidate for candidate in (sql_name(name),) if candidate is not None]
+    try:
+        candidates.insert(0, split_name(name))
+    except ConfigError:
+        if not candidates:
+            raise
+    return list(dict.fromkeys(candidates))
 
 
 def load(conn: psycopg.Connection, name: str | None = None) -> list[RegisteredTable]:
-    """Every registered table, or the one named; UnknownTableError if it is not registered."""
+    """Every registered table, or the one named (either spelling, `name_candidates`);
+    UnknownTableError if it is not registered."""
     if name is None:
         rows = conn.execute(_SELECT + " ORDER BY table_id").fetchall()
     else:
-        rows = conn.execute(_SELECT + " WHERE schema_name = %s AND table_name = %s", split_name(name)).fetchall()
+        candidates = name_candidates(name)
+        rows = conn.execute(_SELECT + " WHERE (schema_name, table_name) IN ("
+                            + ", ".join(["(%s, %s)"] * len(candidates)) + ") ORDER BY table_id",
+                            [part for candidate in candidates for part in candidate]).fetchall()
         if not rows:
-            raise UnknownTableError(f"table {name} is not registered with coldharbor "
+            raise UnknownTableError(f"table {one_line(name)} is not registered with coldharbor "
                                     "(register it with SELECT coldharbor.register_table(...))")
-    return [RegisteredTable(r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple(r[6]), r[7], r[8], r[9], r[10])
-            for r in rows]
+    tables = [RegisteredTable(r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple(r[6]), r[7], r[8], r[9], r[10])
+              for r in rows]
+    if name is not None and len(tables) > 1:
+        raise ConfigError(f"table name {one_line(name)} names {len(tables)} registered tables: "
+                          f"{' and '.join(t.quoted_name for t in tables)}; give one of these spellings")
+    return tables
 
 
 def missing_message(names: Sequence[str]) -> str:

@@ -20,6 +20,8 @@ import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import date, datetime
+from decimal import Decimal
 
 import psycopg
 from pyspark.sql import DataFrame, SparkSession
@@ -78,7 +80,8 @@ class VerifyResult:
     def summary(self) -> str:
         if self.in_sync:
             return f"{self.table} in sync: {self.rows} rows in {self.chunks} chunks (lake version {self.lake_version})"
-        ranges = "; ".join(f"chunk {d['chunk']} (keys {d['first_key']} .. {d['last_key']}): view {d['view_rows']} "
+        ranges = "; ".join(f"chunk {d['chunk']} (keys {shown(d['first_key'])} .. {shown(d['last_key'])}): "
+                           f"view {d['view_rows']} "
                            f"rows, PostgreSQL {d['pg_rows']} rows" for d in self.differing)
         samples = ", ".join(f"{s['key']} {s['problem']}" for s in self.samples)
         return (f"{self.table} NOT in sync at lake version {self.lake_version}: {len(self.differing)} of "
@@ -136,8 +139,26 @@ def sample_differences(view: DataFrame, postgres: DataFrame, twice: DataFrame, k
         else:
             problem = "has different values in the lake view and in PostgreSQL"
         samples.append((row, problem))
-    return [{"key": "(" + ", ".join(f"{k}={row[k]!r}" for k in keys) + ")", "problem": problem}
-            for row, problem in samples[:SAMPLE_KEYS]]
+    return [{"key": "(" + ", ".join(f"{registry.quote_ident(k)}={shown(row[k])}" for k in keys) + ")",
+             "problem": problem} for row, problem in samples[:SAMPLE_KEYS]]
+
+
+def shown(value: object) -> str:
+    """A key value as a data engineer reads it, as SQL would write it: texts quoted ('o''k'), numbers,
+    dates and timestamps plain (ISO), bytes as \\x hex, NULL; control characters escaped (one line)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "'\\x" + bytes(value).hex() + "'"
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    if isinstance(value, (datetime, date)):
+        return value.isoformat(sep=" ") if isinstance(value, datetime) else value.isoformat()
+    if isinstance(value, str):
+        return registry.one_line("'" + value.replace("'", "''") + "'")
+    return str(value)
 
 
 def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
@@ -153,6 +174,7 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
     columns = registry.lake_columns(conn, table)
     path = table.lake_path(config.lake_root)
     version = lake.pin_version(spark, path)
+    lake.require_own_lake(spark, path, lake.export_app_id(table.table_id), table.quoted_name)
     refuse_if_lake_ahead(spark, conn, table, path)
     utf8 = verify_digests.server_is_utf8(conn)
     with conn.transaction():

@@ -44,14 +44,20 @@ def test_an_application_deletes_are_captured_whatever_it_sets(app, pg_conn):
 
 
 def test_no_coldharbor_function_reads_a_session_setting(pg_conn):
-    """Capture and its suspension depend on no setting a session can change. The one reader allowed:
+    """Capture and its suspension depend on no setting a session can change. The readers allowed:
     registration's settle trigger reads transaction_isolation, and a session that changes it only
-    keeps its table's initial load pending (the safe direction: the export then loads it)."""
+    keeps its table's initial load pending (the safe direction: the export then loads it); a rebase
+    request's window start reads track_commit_timestamp, which only a server restart changes."""
     readers = pg_conn.execute("""SELECT proname FROM pg_proc WHERE pronamespace = 'coldharbor'::regnamespace
-                                 AND (prosrc ILIKE '%current_setting%' OR prosrc ILIKE '%set_config%')""").fetchall()
-    assert readers == [("settle_load_at_registration",)]
-    [source] = pg_conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'settle_load_at_registration'").fetchone()
-    assert source.count("current_setting") == 1 and "current_setting('transaction_isolation')" in source
+                                 AND (prosrc ILIKE '%current_setting%' OR prosrc ILIKE '%set_config%')
+                                 ORDER BY proname""").fetchall()
+    assert readers == [("oldest_dirty_change_at",), ("settle_load_at_registration",)]
+    for function, setting in [("settle_load_at_registration", "transaction_isolation"),
+                              ("oldest_dirty_change_at", "track_commit_timestamp")]:
+        [source] = pg_conn.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", (function,)).fetchone()
+        assert source.count("current_setting") == 1 and f"current_setting('{setting}')" in source
+    assert pg_conn.execute("SELECT context FROM pg_settings WHERE name = 'track_commit_timestamp'"
+                           ).fetchone()[0] == "postmaster"
 
 
 def test_an_application_cannot_write_the_suspension_table_or_read_the_schema(app, pg_conn):

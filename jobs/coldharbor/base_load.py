@@ -196,15 +196,28 @@ def lake_sequences(spark: SparkSession, path: str, keys: Sequence[str]) -> DataF
 SEQUENCE_WAIT_S = 60
 
 
-def advance_change_sequence(conn: psycopg.Connection, lake_keys: DataFrame) -> None:
+def advance_change_sequence(conn: psycopg.Connection, lake_keys: DataFrame, table: RegisteredTable,
+                            path: str) -> None:
     """Makes every change id from now on larger than every sequence the lake holds.
 
     Normally it already is. After PostgreSQL was restored from a backup the sequence is back in the
     past, and a new change with a smaller id than the lake's newest version of its key would lose to
     it. Once the sequence is moved, the base waits for the transactions that may hold an id taken
     before (they were running when it moved), so its snapshot holds every such change.
+
+    This is the base's first read of every lake file: one removed by hand is refused here, in one
+    line, before the base records its intent.
     """
-    newest = lake_keys.agg(F.max("_ch_lake_seq")).first()[0]
+    try:
+        newest = lake_keys.agg(F.max("_ch_lake_seq")).first()[0]
+    except Exception as exc:
+        if not lake.files_gone(exc):
+            raise
+        raise LakeUnavailableError(
+            f"files of the lake table of {table.quoted_name} at {path} are gone (removed by hand, or a lost "
+            f"folder): {lake.jvm_message(exc)}; a base outranks the lake's rows key by key and cannot do so "
+            "without them: move that folder aside (or remove it) and run the resync again, which writes the "
+            "table whole into a new lake table there; nothing was written") from None
     if newest is None:
         return
     moved = conn.execute(
@@ -263,14 +276,14 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     lake.require_own_lake(spark, path, app_id, table.quoted_name)
     change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
                                 table.qualified_name)
-    batch_id, token = begin(conn, table, kind, run_id, lake.committed_txn_version(spark, path, app_id))
-    hook(f"{points}_after_intent")
     keys = [c.name for c in columns if c.is_key]
     # A lake table already there (a resync, or a load into a location used before) keeps its rows:
     # the base outranks them key by key, and marks the keys PostgreSQL no longer has deleted.
     lake_keys = lake_sequences(spark, path, keys)
     if lake_keys is not None:
-        advance_change_sequence(conn, lake_keys)
+        advance_change_sequence(conn, lake_keys, table, path)
+    batch_id, token = begin(conn, table, kind, run_id, lake.committed_txn_version(spark, path, app_id))
+    hook(f"{points}_after_intent")
     try:
         _read_and_append(spark, conn, jdbc, table, columns, path, kind, run_id, batch_id, token, lake_keys,
                          change, hook, points)

@@ -147,8 +147,9 @@ def schema_change(spark: SparkSession, path: str, wanted: StructType, table: str
     unsafe = [c for c in changed if (c[1].simpleString(), c[2].simpleString()) not in SAFE_WIDENINGS]
     if unsafe:
         name, old, new = unsafe[0]
-        raise ConfigError(f"cannot export {table}: column {name} is {new.simpleString()} in PostgreSQL now but "
-                          f"{old.simpleString()} in the lake table at {path}; a type change is not carried over "
+        raise ConfigError(f"cannot export {table}: column {name}'s type changed: its values now need the lake "
+                          f"(Spark SQL) type {new.simpleString()}, but the lake table at {path} holds it as "
+                          f"{old.simpleString()}; a type change is not carried over "
                           "unless it widens safely (change the column back, or move the lake table aside and "
                           f"write it whole again with `jobs/resync.py --table {shlex.quote(table)}`); nothing was exported")
     names = {f.name for f in wanted.fields}

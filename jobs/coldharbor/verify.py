@@ -163,6 +163,9 @@ def shown(value: object) -> str:
 
 def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
                  config: VerifyConfig) -> VerifyResult:
+    path = table.lake_path(config.lake_root)
+    # A folder another registration wrote blocks the next export too: say that, not "wait for it".
+    lake.require_own_lake(spark, path, lake.export_app_id(table.table_id), table.quoted_name)
     state = base_load.load_state(conn, table.table_id)
     if state.rebase_pending:
         raise ConfigError(f"{table.qualified_name} cannot be verified yet: its lake rows are being rebuilt from "
@@ -172,9 +175,7 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
                           "(the next export writes it)")
     registry.require_privileges(conn, table)
     columns = registry.lake_columns(conn, table)
-    path = table.lake_path(config.lake_root)
     version = lake.pin_version(spark, path)
-    lake.require_own_lake(spark, path, lake.export_app_id(table.table_id), table.quoted_name)
     refuse_if_lake_ahead(spark, conn, table, path)
     utf8 = verify_digests.server_is_utf8(conn)
     with conn.transaction():

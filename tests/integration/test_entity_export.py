@@ -129,7 +129,7 @@ def test_a_type_change_the_lake_cannot_take_is_refused_before_anything_is_writte
                         f"age::text AS age, born, name, note, score, seen, tags, tier, vip FROM ({view}) v")
     put(pg_conn, entity, {**DOC, "name": "x"})
     dirty = dirty_ids(pg_conn, f"entities.{entity}")
-    with pytest.raises(ConfigError, match="column age is string in PostgreSQL now but bigint in the lake"):
+    with pytest.raises(ConfigError, match="column age's type changed: its values now need the lake \\(Spark SQL\\) type string, but the lake table at .* holds it as bigint"):
         export(spark, pg_dsn, f"entities.{entity}", lake_root)
     assert lake.pin_version(spark, path) == version
     assert dirty_ids(pg_conn, f"entities.{entity}") == dirty

@@ -50,7 +50,7 @@ def test_a_dropped_column_stays_in_the_lake_null_in_new_rows(spark, pg_dsn, pg_c
 
 
 @pytest.mark.parametrize("change, update, refusal", [
-    ("ALTER COLUMN id TYPE integer", "SET v = 'x'", "column id is int in PostgreSQL now but bigint in the lake"),
+    ("ALTER COLUMN id TYPE integer", "SET v = 'x'", r"column id's type changed: its values now need the lake \(Spark SQL\) type int, but the lake table at"),
     ('RENAME COLUMN v TO "unit price"', "SET \"unit price\" = 'x'",
      'column "unit price" of table {t} has a name the lake cannot store'),
 ], ids=["type change", "name the lake cannot store"])

@@ -299,6 +299,28 @@ def test_resync_while_the_table_is_exported_changes_nothing(spark, pg_dsn, pg_co
                            (table.table_id,)).fetchone()[0] == 0
 
 
+def test_resync_of_a_lake_whose_file_was_removed_by_hand_is_one_line_and_records_nothing(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog, tmp_path):
+    """Found by an outside attack: a traceback (exit 1) and a pending intent left behind. The base
+    cannot outrank rows it cannot read: one line saying to move the folder aside, then it works."""
+    path = loaded_table(spark, pg_dsn, pg_conn, table_name, lake_root)
+    [table] = registry.load(pg_conn, table_name)
+    removed = sorted(Path(path).glob("*.parquet"))[0]
+    removed.rename(tmp_path / removed.name)
+    intents = "SELECT count(*) FROM coldharbor.export_batches WHERE table_id = %s AND state = 'pending'"
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    caplog.clear()
+    assert resync.main(["--table", table_name, "--lake-root", lake_root]) == 2
+    [line] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert f"files of the lake table of public.{table_name} at {path} are gone" in line, line
+    assert "move that folder aside" in line and "\n" not in line and "Traceback" not in caplog.text
+    assert pg_conn.execute(intents, (table.table_id,)).fetchone()[0] == 0
+
+    Path(path).rename(tmp_path / "aside")
+    assert resync.main(["--table", table_name, "--lake-root", lake_root]) == 0
+    assert run_verify(spark, pg_dsn, table_name, lake_root).in_sync
+
+
 @pytest.mark.parametrize("job", [verify, resync], ids=["verify", "resync"])
 def test_an_unregistered_table_is_refused_with_exit_2(pg_dsn, lake_root, monkeypatch, caplog, job):
     monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)

@@ -17,7 +17,7 @@
 --    old name, and an as-of read before it would find NULL under the new one. `renames_column`
 --    marks such a request; serve refuses as-of instants before its base.
 -- 3. A table registered again after it was dropped and created anew: as 1, for the old table's
---    changes still dirty (below).
+--    changes still dirty (sql/017's track_registered_relation records its dirty_since).
 
 ALTER TABLE coldharbor.rebases
     ADD COLUMN dirty_since    timestamptz,                   -- oldest change not exported at the request
@@ -77,37 +77,3 @@ UPDATE coldharbor.rebases r
                          WHERE b.table_id = r.table_id AND b.kind = 'changes' AND b.started_at >= r.requested_at
                            AND b.oldest_change_at < r.requested_at) s),
        renames_column = r.reason LIKE 'column % was renamed to %';
-
--- As in sql/015, and a table registered again after it was dropped and created anew: the changes of
--- the old table still dirty (its export was refused from the drop on) are exported after the new
--- base, their keys' images read from the new table under their old times; the window starts at
--- the oldest of them.
-CREATE OR REPLACE FUNCTION coldharbor.track_registered_relation()
-RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_rel oid := to_regclass(format('%I.%I', NEW.schema_name, NEW.table_name));
-    v_other boolean;
-BEGIN
-    IF NEW.source_kind <> 'table' THEN
-        RETURN NEW;
-    END IF;
-    v_other := TG_OP = 'UPDATE' AND (OLD.relid IS DISTINCT FROM v_rel OR OLD.dropped_at IS NOT NULL);
-    IF v_other THEN
-        NEW.load_state := 'pending';
-        NEW.rebase_serial := OLD.rebase_serial + 1;
-        NEW.rebase_reason := 'registered again after the table was dropped and created anew: '
-                             'the lake holds the old table''s rows';
-        INSERT INTO coldharbor.rebases (table_id, serial, reason, requested_at, dirty_since)
-        VALUES (NEW.table_id, NEW.rebase_serial, NEW.rebase_reason,
-                coalesce(OLD.dropped_at, OLD.base_at, OLD.loaded_at, '-infinity'),
-                coldharbor.oldest_dirty_change_at(NEW.table_id));
-    END IF;
-    NEW.columns_seen := CASE WHEN TG_OP = 'UPDATE' AND NOT v_other
-                             THEN coldharbor.columns_seen_after(OLD.columns_seen, v_rel)
-                             ELSE coldharbor.column_values_signature(v_rel) END;
-    NEW.relid := v_rel;
-    NEW.dropped_at := NULL;
-    RETURN NEW;
-END;
-$$;

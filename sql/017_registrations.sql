@@ -122,7 +122,7 @@ BEGIN
 END;
 $$;
 
--- As 016's, and registering another relation retires the old one's change_log rows and finished
+-- As 015's, with 016's dirty_since, and registering another relation retires the old one's change_log rows and finished
 -- batches (see 1. above).
 CREATE OR REPLACE FUNCTION coldharbor.track_registered_relation()
 RETURNS trigger

@@ -48,6 +48,15 @@ SERVER_CONF = {
     "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
     "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     "spark.ui.enabled": "false",
+    # The driver's heap (local mode: the executors' too). Spark's 1g filled up in a long-lived engine
+    # (the test suite's, after ~1,000 tests) until a broadcast of a few rows failed for memory.
+    "spark.driver.memory": os.environ.get("COLDHARBOR_DRIVER_MEMORY", "2g"),
+    # Without the UI, nothing reads the status store's history of jobs, stages and SQL executions
+    # (each with its plan's metrics); a warm engine kept 1,000 of each for good.
+    "spark.sql.ui.retainedExecutions": "50",
+    "spark.ui.retainedJobs": "100",
+    "spark.ui.retainedStages": "100",
+    "spark.ui.retainedTasks": "10000",
 }
 
 # Knobs with their defaults; each can be overridden by spark-submit --conf or the environment.

@@ -162,6 +162,10 @@ def load(conn: psycopg.Connection, name: str | None = None) -> list[RegisteredTa
                             + ", ".join(["(%s, %s)"] * len(candidates)) + ") ORDER BY table_id",
                             [part for candidate in candidates for part in candidate]).fetchall()
         if not rows:
+            if '"' in name and sql_name(name) is None:
+                raise UnknownTableError(f"table {one_line(name)} is not registered with coldharbor, and its "
+                                        "double quotes do not make an SQL name: write app.\"Weird Tbl\" (a quote "
+                                        "inside doubled) or app.Weird Tbl")
             raise UnknownTableError(f"table {one_line(name)} is not registered with coldharbor "
                                     "(register it with SELECT coldharbor.register_table(...))")
     tables = [RegisteredTable(r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple(r[6]), r[7], r[8], r[9], r[10])

@@ -233,6 +233,17 @@ def test_an_empty_table_name_says_so(pg_dsn, lake_root, monkeypatch, caplog, mai
     assert line.endswith(" failed: the table name is empty: name a registered table as schema.table"), line
 
 
+@pytest.mark.parametrize("main", [export_job.main, verify.main, resync.main, compaction.main, cleanup_job.main],
+                         ids=["cdc_export", "verify", "resync", "compact", "cleanup"])
+@pytest.mark.parametrize("spelling", ['public."t_unbalanced', '"public.t_unbalanced"x', 'public.t"""'])
+def test_a_name_whose_quotes_do_not_make_an_sql_name_says_so(pg_dsn, lake_root, monkeypatch, caplog, main, spelling):
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    assert main(["--table", spelling, "--lake-root", lake_root]) == 2
+    [line] = errors(caplog)
+    assert line.endswith(f" failed: table {spelling} is not registered with coldharbor, and its double quotes do "
+                         'not make an SQL name: write app."Weird Tbl" (a quote inside doubled) or app.Weird Tbl'), line
+
+
 def test_every_job_takes_the_name_as_its_messages_print_it(spark, pg_dsn, pg_conn, lake_root, monkeypatch, caplog,
                                                           capsys):
     """`app."Weird Tbl"` (how the jobs' messages and SQL write it) and `app.Weird Tbl` name one table;

@@ -337,9 +337,8 @@ def main(argv: list[str]) -> int:
                 registry.require_present(tables)  # before Spark starts
             # Over every table, one gone or dropped and created again is named at the end; the
             # others are still compacted.
-            results = [TableResult(t.qualified_name, "failed", error=registry.refusal(t))
-                       for t in tables if registry.refusal(t)]
-            todo = [t for t in tables if not registry.refusal(t)]
+            refused, todo = registry.left_out(tables)
+            results = [TableResult(t.qualified_name, "failed", error=why) for t, why in refused]
             if todo:
                 from coldharbor.spark import get_session
 

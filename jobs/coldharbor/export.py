@@ -271,9 +271,9 @@ def main(argv: list[str]) -> int:
                 registry.require_present(tables)
             # Over every table, one gone or dropped and created again is named at the end; the
             # others still export.
-            results = [TableResult(t.qualified_name, "failed", error=registry.refusal(t))
-                       for t in tables if registry.refusal(t)]
-            todo = [t for t in tables if not registry.refusal(t) and needs_spark(conn, t)]
+            refused, usable = registry.left_out(tables)
+            results = [TableResult(t.qualified_name, "failed", error=why) for t, why in refused]
+            todo = [t for t in usable if needs_spark(conn, t)]
             if not todo and not results:
                 log.info("nothing dirty in %s registered table(s); no Spark session started", len(tables))
                 return 0

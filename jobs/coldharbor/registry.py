@@ -214,6 +214,12 @@ def refusal(table: RegisteredTable) -> str | None:
     return None
 
 
+def left_out(tables: Sequence[RegisteredTable]) -> tuple[list[tuple[RegisteredTable, str]], list[RegisteredTable]]:
+    """A job over every table: the tables it leaves out with why (`refusal`), and the others."""
+    refused = [(t, why) for t in tables if (why := refusal(t))]
+    return refused, [t for t in tables if not refusal(t)]
+
+
 def lake_columns(conn: psycopg.Connection, table: RegisteredTable) -> list[LakeColumn]:
     """The table's columns as the catalog has them now; raises if a type no longer round-trips."""
     try:

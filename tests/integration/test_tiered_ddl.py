@@ -1,9 +1,12 @@
 """DDL a tiered table's evicted rows cannot follow (sql/018).
 
-Rows evicted from the hot tier live in the lake alone, under their columns' names, and no base
-rewrites them. Before sql/018 a `RENAME COLUMN` of such a table made every evicted row read NULL in
-the renamed column, and a column added under a dropped one's name showed the dropped column's values
-in them. Both are refused now once rows were evicted; before any eviction they go through as before.
+Rows evicted from the hot tier live in the lake alone, under their columns' names and lake types,
+and no base rewrites them. Before sql/018 a `RENAME COLUMN` of such a table made every evicted row
+read NULL in the renamed column, a column added under a dropped one's name showed the dropped
+column's values in them, and a type change the lake cannot widen to left the table refused by every
+export. All three are refused now once rows were evicted; before any eviction they go through as
+before. A rename spelled `ALTER TYPE ... RENAME ATTRIBUTE` (or through ALTER VIEW, MATERIALIZED VIEW,
+FOREIGN TABLE) reached no trigger at all before: the lake kept the old name for every table.
 """
 
 from __future__ import annotations
@@ -14,15 +17,15 @@ import pytest
 from coldharbor import registry
 from tests.helpers import export, lake_live, pg_rows, serve_report
 
-DDL = "id bigint PRIMARY KEY, customer text, amount numeric(12,2), status text"
+DDL = "id bigint PRIMARY KEY, customer text, amount numeric(12,2), status text, qty integer"
 
 
 def tiered_table(conn, name: str) -> registry.RegisteredTable:
     """A tiered table registered with 200 rows (its initial load), and 60 more written after."""
     conn.execute(f"CREATE TABLE {name} ({DDL})")
-    conn.execute(f"INSERT INTO {name} SELECT g, 'c' || (g % 13), g * 0.5, 'new' FROM generate_series(1, 200) g")
+    conn.execute(f"INSERT INTO {name} SELECT g, 'c' || (g % 13), g * 0.5, 'new', g FROM generate_series(1, 200) g")
     conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => interval '1 hour')", (name,))
-    conn.execute(f"INSERT INTO {name} SELECT g, 'late ' || g, g, 'paid' FROM generate_series(201, 260) g")
+    conn.execute(f"INSERT INTO {name} SELECT g, 'late ' || g, g, 'paid', g FROM generate_series(201, 260) g")
     [table] = registry.load(conn, name)
     return table
 
@@ -41,6 +44,16 @@ def evict_written_rows(conn, table: registry.RegisteredTable) -> int:
     return conn.execute("SELECT coldharbor.evict(%s, now())", (table.table_id,)).fetchone()[0]
 
 
+def evicted_tiered_table(spark, dsn: str, conn, name: str, lake_root: str) -> tuple[registry.RegisteredTable, dict]:
+    """A tiered table in the lake whose 60 rows written after registration were evicted; with every
+    row it held before the eviction (what its reports must still show)."""
+    table = tiered_table(conn, name)
+    in_the_lake(spark, dsn, conn, name, lake_root)
+    everything = pg_rows(conn, f"SELECT * FROM {name}", ["id"])
+    assert evict_written_rows(conn, table) == 60
+    return table, everything
+
+
 def report(monkeypatch, conn, dsn: str, lake_root: str, name: str, run_id: str) -> dict:
     assert serve_report(monkeypatch, dsn, lake_root, "--sql", f"SELECT * FROM {name}",
                         "--target", f"adhoc_{run_id}", "--run-id", run_id) == 0
@@ -55,10 +68,7 @@ def rebase_serial(conn, table: registry.RegisteredTable) -> int:
 def test_a_column_of_a_tiered_table_with_evicted_rows_is_neither_renamed_nor_reused(
         spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
     t = table_name
-    table = tiered_table(pg_conn, t)
-    in_the_lake(spark, pg_dsn, pg_conn, t, lake_root)
-    everything = pg_rows(pg_conn, f"SELECT * FROM {t}", ["id"])
-    assert evict_written_rows(pg_conn, table) == 60
+    table, everything = evicted_tiered_table(spark, pg_dsn, pg_conn, t, lake_root)
     assert pg_conn.execute("SELECT evicted_at IS NOT NULL FROM coldharbor.tables WHERE table_id = %s",
                            (table.table_id,)).fetchone()[0]
     serial = rebase_serial(pg_conn, table)
@@ -113,12 +123,10 @@ def test_a_table_registered_again_after_its_evictions_renames_a_column(
         spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
     """The evicted rows were the old relation's: the new relation's base marks their keys deleted."""
     t = table_name
-    table = tiered_table(pg_conn, t)
-    in_the_lake(spark, pg_dsn, pg_conn, t, lake_root)
-    assert evict_written_rows(pg_conn, table) == 60
+    table, _ = evicted_tiered_table(spark, pg_dsn, pg_conn, t, lake_root)
     pg_conn.execute(f"DROP TABLE {t}")
     pg_conn.execute(f"CREATE TABLE {t} ({DDL})")
-    pg_conn.execute(f"INSERT INTO {t} SELECT g, 'n' || g, g, 'new' FROM generate_series(100, 150) g")
+    pg_conn.execute(f"INSERT INTO {t} SELECT g, 'n' || g, g, 'new', g FROM generate_series(100, 150) g")
     pg_conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => interval '1 hour')", (t,))
 
     pg_conn.execute(f"ALTER TABLE {t} RENAME COLUMN customer TO buyer")
@@ -128,3 +136,77 @@ def test_a_table_registered_again_after_its_evictions_renames_a_column(
     assert report(monkeypatch, pg_conn, pg_dsn, lake_root, t, f"c_{t}") == expected
     live = lake_live(spark, lake_root, t, ["id"])
     assert {k: r["buyer"] for k, r in live.items()} == {k: r["buyer"] for k, r in expected.items()}
+
+
+# Every spelling PostgreSQL accepts for renaming a column of a table.
+RENAMES = ["ALTER TABLE {t} RENAME COLUMN customer TO buyer", "ALTER TYPE {t} RENAME ATTRIBUTE customer TO buyer",
+           "ALTER VIEW {t} RENAME COLUMN customer TO buyer", "ALTER MATERIALIZED VIEW {t} RENAME COLUMN customer TO buyer",
+           "ALTER FOREIGN TABLE {t} RENAME COLUMN customer TO buyer"]
+RENAME_IDS = ["table", "type attribute", "view", "materialized view", "foreign table"]
+
+
+@pytest.mark.parametrize("rename", RENAMES, ids=RENAME_IDS)
+def test_every_spelling_of_a_rename_sends_the_table_back_for_a_new_base(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, rename):
+    t = table_name
+    pg_conn.execute(f"CREATE TABLE {t} ({DDL})")
+    pg_conn.execute(f"INSERT INTO {t} SELECT g, 'c' || g, g, 'new', g FROM generate_series(1, 120) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
+    [table] = registry.load(pg_conn, t)
+    in_the_lake(spark, pg_dsn, pg_conn, t, lake_root)
+
+    pg_conn.execute(rename.format(t=t))
+
+    assert pg_conn.execute("SELECT load_state, rebase_reason FROM coldharbor.tables WHERE table_id = %s",
+                           (table.table_id,)).fetchone() == ("pending", "column customer was renamed to buyer")
+    expected = pg_rows(pg_conn, f"SELECT * FROM {t}", ["id"])
+    assert report(monkeypatch, pg_conn, pg_dsn, lake_root, t, f"p_{t}") == expected
+    assert export(spark, pg_dsn, t, lake_root).status == "loaded"
+    live = lake_live(spark, lake_root, t, ["id"])
+    assert {k: r["buyer"] for k, r in live.items()} == {k: r["buyer"] for k, r in expected.items()}
+    assert report(monkeypatch, pg_conn, pg_dsn, lake_root, t, f"q_{t}") == expected
+
+
+@pytest.mark.parametrize("rename", RENAMES[1:], ids=RENAME_IDS[1:])
+def test_every_spelling_of_a_rename_is_refused_once_rows_were_evicted(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, rename):
+    t = table_name
+    table, _ = evicted_tiered_table(spark, pg_dsn, pg_conn, t, lake_root)
+
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match=f"cannot rename column customer of public.{t} to buyer"):
+        pg_conn.execute(rename.format(t=t))
+    assert rebase_serial(pg_conn, table) == 0
+
+
+@pytest.mark.parametrize("ddl, lake_types", [
+    ("ALTER TABLE {t} ALTER COLUMN amount TYPE numeric(12,0)", "DECIMAL(12,2), and the lake cannot widen them to DECIMAL(12,0)"),
+    ("ALTER TABLE {t} ALTER COLUMN qty TYPE text", "INT, and the lake cannot widen them to STRING"),
+    ("ALTER TABLE {t} ALTER COLUMN qty TYPE smallint", "INT, and the lake cannot widen them to SHORT"),
+], ids=["decimal scale", "integer to text", "narrower integer"])
+def test_a_type_change_the_lake_cannot_widen_is_refused_once_rows_were_evicted(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, ddl, lake_types):
+    """The export would refuse the table for good, and its way out (the lake moved aside, a resync)
+    would lose the evicted rows."""
+    t = table_name
+    table, everything = evicted_tiered_table(spark, pg_dsn, pg_conn, t, lake_root)
+
+    with pytest.raises(psycopg.errors.FeatureNotSupported) as refused:
+        pg_conn.execute(ddl.format(t=t))
+    assert str(refused.value).startswith("cannot change the type of column ")
+    assert f"of public.{t} to " in str(refused.value) and f"live in the lake alone, as {lake_types}" in str(refused.value)
+    assert rebase_serial(pg_conn, table) == 0
+    assert report(monkeypatch, pg_conn, pg_dsn, lake_root, t, f"r_{t}") == everything
+
+
+def test_a_type_change_the_lake_widens_goes_through_after_evictions(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
+    t = table_name
+    table, everything = evicted_tiered_table(spark, pg_dsn, pg_conn, t, lake_root)
+
+    pg_conn.execute(f"ALTER TABLE {t} ALTER COLUMN qty TYPE bigint")
+
+    assert export(spark, pg_dsn, t, lake_root).status == "loaded"
+    assert report(monkeypatch, pg_conn, pg_dsn, lake_root, t, f"w_{t}") == everything
+    # the next change is checked against the widened type
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="as LONG, and the lake cannot widen them to INT"):
+        pg_conn.execute(f"ALTER TABLE {t} ALTER COLUMN qty TYPE integer")

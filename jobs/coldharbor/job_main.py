@@ -57,7 +57,7 @@ def unexpected(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     ours = [f for f in frames if Path(f.filename).parent.name == "coldharbor"] or frames
     where = f" (at coldharbor/{Path(ours[-1].filename).name}:{ours[-1].lineno} in {ours[-1].name})" if ours else ""
-    return one_line(f"an unexpected error, a bug in Coldharbor{where}: {type(exc).__name__}: {jvm_message(exc)}")
+    return one_line(f"an error no check foresaw{where}: {type(exc).__name__}: {jvm_message(exc)}")
 
 
 def _run(name: str, body: Callable[[], int], unexpected_exit: int | None) -> int:

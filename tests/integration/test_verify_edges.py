@@ -8,6 +8,7 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
+from coldharbor import export as export_job
 from coldharbor import resync, verify
 from tests.helpers import export
 
@@ -56,3 +57,50 @@ def test_keys_at_the_edges_verify_in_sync_and_a_hand_edit_is_found(spark, pg_dsn
     assert resync.main(["--table", table_name, "--lake-root", lake_root]) == 0, caplog.text
     assert verify.main(["--table", table_name, "--lake-root", lake_root]) == 0, caplog.text
     assert "Traceback" not in caplog.text
+
+
+@pytest.mark.parametrize("key_type,low,high,ordinary", EDGE_KEYS[:2], ids=[k[0] for k in EDGE_KEYS[:2]])
+def test_timestamp_keys_at_the_edges_verify_on_spark_connect(on_connect, pg_dsn, pg_conn, table_name, lake_root,
+                                                             monkeypatch, capsys, caplog, key_type, low, high, ordinary):
+    """The jobs' usual engine: a Connect client turns a TIMESTAMP into Python through Arrow, not as
+    the classic one does."""
+    from coldharbor.spark import get_session
+
+    edge_table(pg_conn, table_name, key_type, low, high, ordinary)
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    common = ["--table", table_name, "--lake-root", lake_root]
+    assert export_job.main(common) == 0, caplog.text
+    assert verify.main(common) == 0, caplog.text
+    assert f"public.{table_name} in sync: 42 rows" in capsys.readouterr().out
+
+    path = f"{lake_root}/public/{table_name}"
+    rows = get_session("coldharbor-test-edit").read.format("delta").load(path)
+    rows = rows.withColumn("v", F.when(F.col("v").isin("lo", "hi"), F.lit("edited")).otherwise(F.col("v")))
+    rows.write.format("delta").mode("overwrite").save(path)  # the same rows, two of them edited
+    assert verify.main(common) == 1, caplog.text
+    out = capsys.readouterr().out
+    assert "NOT in sync" in out and out.count("has different values in the lake view and in PostgreSQL") == 2, out
+    assert resync.main(common) == 0, caplog.text
+    assert verify.main(common) == 0, caplog.text
+    assert "Traceback" not in caplog.text
+
+
+def test_an_error_no_check_foresaw_is_one_line_and_exit_2_never_1(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                                  monkeypatch, capsys, caplog):
+    """verify's exit 1 means "differences found" alone. A lake whose key column was rewritten by hand
+    as text that is no number fails the view's cast to the key's type: one line, exit 2."""
+    edge_table(pg_conn, table_name, *EDGE_KEYS[5])  # bigint
+    export(spark, pg_dsn, table_name, lake_root)
+    path = f"{lake_root}/public/{table_name}"
+    rows = spark.read.format("delta").load(path).withColumn("k", F.concat(F.lit("key "), F.col("k").cast("string")))
+    rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    capsys.readouterr()
+
+    assert verify.main(["--table", table_name, "--lake-root", lake_root]) == 2
+    [line] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert line.startswith("verify failed: an error no check foresaw (at coldharbor/") and "key " in line, line
+    assert "\n" not in line and "Traceback" not in caplog.text + capsys.readouterr().err
+    assert pg_conn.execute("SELECT state FROM coldharbor.maintenance_runs WHERE kind = 'verify' AND table_id = "
+                           "(SELECT table_id FROM coldharbor.tables WHERE table_name = %s)",
+                           (table_name,)).fetchall() == [("failed",)]

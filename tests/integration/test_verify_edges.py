@@ -8,6 +8,8 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
+import time
+
 from coldharbor import export as export_job
 from coldharbor import resync, verify
 from tests.helpers import export
@@ -59,14 +61,13 @@ def test_keys_at_the_edges_verify_in_sync_and_a_hand_edit_is_found(spark, pg_dsn
     assert "Traceback" not in caplog.text
 
 
-@pytest.mark.parametrize("key_type,low,high,ordinary", EDGE_KEYS[:2], ids=[k[0] for k in EDGE_KEYS[:2]])
-def test_timestamp_keys_at_the_edges_verify_on_spark_connect(on_connect, pg_dsn, pg_conn, table_name, lake_root,
-                                                             monkeypatch, capsys, caplog, key_type, low, high, ordinary):
+def test_timestamptz_keys_at_the_edges_verify_on_spark_connect(on_connect, pg_dsn, pg_conn, table_name, lake_root,
+                                                               monkeypatch, capsys, caplog):
     """The jobs' usual engine: a Connect client turns a TIMESTAMP into Python through Arrow, not as
     the classic one does."""
     from coldharbor.spark import get_session
 
-    edge_table(pg_conn, table_name, key_type, low, high, ordinary)
+    edge_table(pg_conn, table_name, *EDGE_KEYS[0])
     monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
     common = ["--table", table_name, "--lake-root", lake_root]
     assert export_job.main(common) == 0, caplog.text
@@ -83,6 +84,31 @@ def test_timestamp_keys_at_the_edges_verify_on_spark_connect(on_connect, pg_dsn,
     assert resync.main(common) == 0, caplog.text
     assert verify.main(common) == 0, caplog.text
     assert "Traceback" not in caplog.text
+
+
+@pytest.fixture()
+def python_in_tokyo(monkeypatch):
+    """This Python process's local time zone east of UTC (the JVM and PostgreSQL sessions stay in UTC)."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_timestamptz_sample_keys_are_utc_whatever_the_python_zone(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                                  monkeypatch, capsys, caplog, python_in_tokyo):
+    """In local time, 9999-12-31 23:59:59.999999 UTC is in the year 10000, which Python has not."""
+    edge_table(pg_conn, table_name, *EDGE_KEYS[0])
+    export(spark, pg_dsn, table_name, lake_root)
+    DeltaTable.forPath(spark, f"{lake_root}/public/{table_name}").update("v IN ('lo', 'hi')", {"v": F.lit("edited")})
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    capsys.readouterr()
+    assert verify.main(["--table", table_name, "--lake-root", lake_root, "--chunks", "3"]) == 1, caplog.text
+    out = capsys.readouterr().out
+    assert "chunk 0 (keys 0001-01-01 00:00:00+00:00 .. " in out, out
+    assert "(k=9999-12-31 23:59:59.999999+00:00) has different values" in out, out
+    assert "(k=0001-01-01 00:00:00+00:00) has different values" in out, out
 
 
 def test_an_error_no_check_foresaw_is_one_line_and_exit_2_never_1(spark, pg_dsn, pg_conn, table_name, lake_root,

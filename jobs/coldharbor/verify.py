@@ -40,10 +40,10 @@ log = logging.getLogger(__name__)
 DEFAULT_CHUNKS = 16
 SAMPLE_KEYS = 10
 EXIT_DIFFERENT = 1
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)  # `collected` counts a TIMESTAMP's microseconds from it
 # PostgreSQL's rows are digested from their exact values, but the dirty keys' hot images reach the
 # view through the readers, and a lake exported before such values were refused may hold them moved
 # or clamped: such a table is refused, naming the value.
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 VERIFY_REFUSED = ("the table cannot be verified until the value is changed (a lake exported before such values were "
                   "refused may hold it moved or clamped); change it: the next export carries the change")
 

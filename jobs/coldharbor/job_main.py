@@ -29,19 +29,38 @@ def configure_logging() -> None:
     warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
 
 
-def run_job(name: str, body: Callable[[], int]) -> int:
+def run_job(name: str, body: Callable[[], int], unexpected_exit: int | None = None) -> int:
     """Runs `body`; a ColdharborError, a lost PostgreSQL or Spark Connect server or a refused
-    privilege is logged as one line: exit 2. The Spark Connect sessions it opened are released."""
+    privilege is logged as one line: exit 2. Any other exception goes on (a traceback, exit 1),
+    unless the job gives an `unexpected_exit`: then it too is one line (`unexpected`), that exit --
+    for a job whose exit 1 means something else (verify: differences found). The Spark Connect
+    sessions it opened are released."""
     from coldharbor.spark import release_sessions
 
     configure_logging()
     try:
-        return _run(name, body)
+        return _run(name, body, unexpected_exit)
     finally:
         release_sessions()
 
 
-def _run(name: str, body: Callable[[], int]) -> int:
+def unexpected(exc: BaseException) -> str:
+    """One line for an exception no check foresaw (a bug to report): its type, its message's first
+    line (a JVM error's cause) and the innermost line of Coldharbor's code it passed, which is what
+    a traceback would have shown a reader."""
+    import traceback
+    from pathlib import Path
+
+    from coldharbor.lake import jvm_message
+    from coldharbor.registry import one_line
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if Path(f.filename).parent.name == "coldharbor"] or frames
+    where = f" (at coldharbor/{Path(ours[-1].filename).name}:{ours[-1].lineno} in {ours[-1].name})" if ours else ""
+    return one_line(f"an error no check foresaw{where}: {type(exc).__name__}: {jvm_message(exc)}")
+
+
+def _run(name: str, body: Callable[[], int], unexpected_exit: int | None) -> int:
     try:
         return body()
     except ColdharborError as exc:
@@ -60,10 +79,13 @@ def _run(name: str, body: Callable[[], int]) -> int:
 
         # A Spark JDBC reader or writer that lost PostgreSQL, or the Spark Connect server gone.
         lost = lost_postgres(exc) or lost_spark(exc)
-        if lost is None:
+        if lost is not None:
+            log.error("%s failed: %s", name, lost)
+            return EXIT_REFUSED
+        if unexpected_exit is None:
             raise
-        log.error("%s failed: %s", name, lost)
-        return EXIT_REFUSED
+        log.error("%s failed: %s", name, unexpected(exc))
+        return unexpected_exit
 
 
 @contextmanager

@@ -10,7 +10,7 @@ snapshot the dirty set is read in; Spark digests the view's rows the same way (`
 wrong with each.
 
 Exit codes: 0 in sync, 1 differences found, 2 refused (unknown table, a tier unreachable, a value the
-lake cannot hold exactly, see `lake_values`).
+lake cannot hold exactly, see `lake_values`) or an unexpected error (one line naming it; never exit 1).
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 
 import psycopg
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from coldharbor import (base_load, batches, hot_snapshot, lake, lake_values, maintenance_runs, pg, registry, settings,
                         table_reader, verify_digests)
 from coldharbor.errors import ColdharborError, ConfigError, LakeUnavailableError
-from coldharbor.job_main import one_table, run_job
+from coldharbor.job_main import EXIT_REFUSED, one_table, run_job
 from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.table_reader import TableSnapshot
 from coldharbor.verify_digests import CHUNK, HASH, WEIGHT, Chunking
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CHUNKS = 16
 SAMPLE_KEYS = 10
 EXIT_DIFFERENT = 1
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)  # `collected` counts a TIMESTAMP's microseconds from it
 # PostgreSQL's rows are digested from their exact values, but the dirty keys' hot images reach the
 # view through the readers, and a lake exported before such values were refused may hold them moved
 # or clamped: such a table is refused, naming the value.
@@ -95,21 +96,43 @@ def postgres_chunks(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdbc
     a row holding a value the lake cannot hold exactly."""
     shares = table_reader.read_shares(spark, conn, jdbc, snapshot, lambda share: verify_digests.pg_figures_query(
         table, columns, chunks, utf8, share))
+    # Hash buckets have no bounds (NULL text): only range bounds have the key's type.
+    lake_type = chunks.keys[0].lake_type if chunks.by_range else None
     found = (shares.groupBy(CHUNK)
-             .agg(F.sum("rows").alias("rows"), F.bit_xor("hash").alias("hash"), F.min("first_key").alias("first"),
-                  F.max("last_key").alias("last"), F.min("problem").alias("problem")).collect())
+             .agg(F.sum("rows").alias("rows"), F.bit_xor("hash").alias("hash"),
+                  collectable(F.min("first_key"), lake_type).alias("first"),
+                  collectable(F.max("last_key"), lake_type).alias("last"), F.min("problem").alias("problem")).collect())
     problems = sorted(r["problem"] for r in found if r["problem"] is not None)
     if problems:
         raise lake_values.refusal(table.qualified_name, problems[0], VERIFY_REFUSED)
-    return {r[CHUNK]: Chunk(r[CHUNK], r["rows"], r["hash"], r["first"], r["last"]) for r in found}
+    return {r[CHUNK]: Chunk(r[CHUNK], r["rows"], r["hash"], collected(r["first"], lake_type),
+                            collected(r["last"], lake_type)) for r in found}
 
 
-def view_chunks(view: DataFrame, first_key: str) -> dict[int, Chunk]:
+def view_chunks(view: DataFrame, first_key: LakeColumn) -> dict[int, Chunk]:
     live = F.col(WEIGHT) > 0
+    key = F.col(first_key.name)
     found = view.groupBy(CHUNK).agg(F.sum(WEIGHT).alias("rows"), F.bit_xor(HASH).alias("hash"),
-                                    F.min(F.when(live, F.col(first_key))).alias("first"),
-                                    F.max(F.when(live, F.col(first_key))).alias("last")).collect()
-    return {r[CHUNK]: Chunk(r[CHUNK], r["rows"], r["hash"], r["first"], r["last"]) for r in found if r["rows"] or r["hash"]}
+                                    collectable(F.min(F.when(live, key)), first_key.lake_type).alias("first"),
+                                    collectable(F.max(F.when(live, key)), first_key.lake_type).alias("last")).collect()
+    return {r[CHUNK]: Chunk(r[CHUNK], r["rows"], r["hash"], collected(r["first"], first_key.lake_type),
+                            collected(r["last"], first_key.lake_type)) for r in found if r["rows"] or r["hash"]}
+
+
+def collectable(value: Column, lake_type: str | None) -> Column:
+    """`value` in a form Python receives exactly: a TIMESTAMP as its microseconds since 1970
+    (`collected` makes it a datetime in UTC again). PySpark hands a TIMESTAMP to Python in the
+    process's local time zone, and Python's conversion to local time looks a day earlier (for a
+    daylight-saving fold): 0001-01-01 00:00 UTC, a value the lake holds, fails there with 'year 0
+    is out of range' in every zone, and other values read differently under another TZ."""
+    return F.unix_micros(value) if lake_type == "TIMESTAMP" else value
+
+
+def collected(value: object, lake_type: str | None) -> object:
+    """A value `collectable` sent: a TIMESTAMP as a datetime in UTC (zone-aware), others as they came."""
+    if lake_type == "TIMESTAMP" and value is not None:
+        return EPOCH + timedelta(microseconds=value)
+    return value
 
 
 def differing_chunks(view: dict[int, Chunk], postgres: dict[int, Chunk]) -> list[dict]:
@@ -124,13 +147,15 @@ def differing_chunks(view: dict[int, Chunk], postgres: dict[int, Chunk]) -> list
     return differing
 
 
-def sample_differences(view: DataFrame, postgres: DataFrame, twice: DataFrame, keys: Sequence[str]) -> list[dict]:
+def sample_differences(view: DataFrame, postgres: DataFrame, twice: DataFrame,
+                       key_columns: Sequence[LakeColumn]) -> list[dict]:
     """Up to SAMPLE_KEYS keys of the differing chunks, each with what is wrong with it. `view` and
     `postgres` hold the rows (keys, HASH) of those chunks, `twice` keys a lake batch holds twice."""
-    diff = (view.select(*keys, F.col(HASH).alias("_ch_view"))
-            .join(postgres.select(*keys, F.col(HASH).alias("_ch_pg")), on=keys, how="full_outer")
-            .filter(~F.col("_ch_view").eqNullSafe(F.col("_ch_pg"))).limit(SAMPLE_KEYS).collect())
-    samples = [(row, "is more than once in one lake batch (a hand edit?)") for row in twice.limit(SAMPLE_KEYS).collect()]
+    keys = [k.name for k in key_columns]
+    diff = collected_keys(view.select(*keys, F.col(HASH).alias("_ch_view"))
+                          .join(postgres.select(*keys, F.col(HASH).alias("_ch_pg")), on=keys, how="full_outer")
+                          .filter(~F.col("_ch_view").eqNullSafe(F.col("_ch_pg"))), key_columns, "_ch_view", "_ch_pg")
+    samples = [(row, "is more than once in one lake batch (a hand edit?)") for row in collected_keys(twice, key_columns)]
     for row in diff:
         if row["_ch_view"] is None:
             problem = "is in PostgreSQL but missing from the lake view"
@@ -141,6 +166,14 @@ def sample_differences(view: DataFrame, postgres: DataFrame, twice: DataFrame, k
         samples.append((row, problem))
     return [{"key": "(" + ", ".join(f"{registry.quote_ident(k)}={shown(row[k])}" for k in keys) + ")",
              "problem": problem} for row, problem in samples[:SAMPLE_KEYS]]
+
+
+def collected_keys(rows: DataFrame, key_columns: Sequence[LakeColumn], *others: str) -> list[dict]:
+    """Up to SAMPLE_KEYS of `rows` as dicts of their keys (`collectable`, then `collected`) and `others`."""
+    found = rows.select(*[collectable(F.col(k.name), k.lake_type).alias(k.name) for k in key_columns],
+                        *others).limit(SAMPLE_KEYS).collect()
+    return [{**{k.name: collected(row[k.name], k.lake_type) for k in key_columns}, **{o: row[o] for o in others}}
+            for row in found]
 
 
 def shown(value: object) -> str:
@@ -190,7 +223,7 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         try:
             view = compared.view(verify_digests.biggest_batch(conn, table, version))
             result = VerifyResult(table.qualified_name, sum(c.rows for c in pg_chunks.values()), config.chunks, version,
-                                  differing_chunks(view_chunks(view, chunks.keys[0].name), pg_chunks))
+                                  differing_chunks(view_chunks(view, chunks.keys[0]), pg_chunks))
             if result.differing:
                 bad = [d["chunk"] for d in result.differing]
                 in_bad = F.col(CHUNK).isin(bad)
@@ -199,7 +232,7 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
                 postgres = postgres.select(*verify_digests.typed_keys(postgres, chunks.keys), HASH)
                 twice = compared.restricted(verify_digests.keys_twice_in_a_batch(spark, hot, version, config.lake_root))
                 result.samples = sample_differences(compared.view(None).filter(in_bad), postgres,
-                                                    chunks.with_chunk(twice).filter(in_bad), [k.name for k in chunks.keys])
+                                                    chunks.with_chunk(twice).filter(in_bad), chunks.keys)
         except Exception as exc:
             if lake.files_gone(exc):
                 raise LakeUnavailableError(f"files of lake version {version} of {table.qualified_name} are gone: "
@@ -260,7 +293,8 @@ def parse_args(argv: list[str]) -> VerifyConfig:
     parser = argparse.ArgumentParser(
         prog="verify.py",
         description="Compare a registered table's unified view (lake minus dirty keys plus hot images) with "
-                    "PostgreSQL at one snapshot, chunk by chunk. Exit 0 in sync, 1 differences found, 2 refused. "
+                    "PostgreSQL at one snapshot, chunk by chunk. Exit 0 in sync, 1 differences found, 2 refused or "
+                    "failed (one line says why). "
                     f"PostgreSQL is reached through {settings.PG_DSN_ENV}.")
     parser.add_argument("--table", required=True, help="the registered table (schema.table)")
     parser.add_argument("--chunks", type=int, default=DEFAULT_CHUNKS, help=f"chunks to compare (default {DEFAULT_CHUNKS})")
@@ -287,7 +321,8 @@ def main(argv: list[str]) -> int:
         print(result.summary(), flush=True)
         return 0 if result.in_sync else EXIT_DIFFERENT
 
-    return run_job("verify", body)
+    # Exit 1 says "differences found" alone: an error no check foresaw is one line and exit 2 too.
+    return run_job("verify", body, unexpected_exit=EXIT_REFUSED)
 
 
 if __name__ == "__main__":

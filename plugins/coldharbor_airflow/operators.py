@@ -193,7 +193,9 @@ JOB_EXIT_CODES = {
 
 JOB_SPECIFIC_EXIT_CODES = {
     "verify.py": {1: "the lake view differs from PostgreSQL (the differing key ranges and sample keys are above); "
-                     "repair it with the coldharbor_resync DAG"},
+                     "repair it with the coldharbor_resync DAG",
+                  2: "refused, a tier was unreachable, or an error no check foresaw (the job's one line above says "
+                     "which); nothing was changed"},
 }
 
 

@@ -201,15 +201,16 @@ def test_a_tiered_table_pending_a_rebase_keeps_its_evicted_rows_in_reports(
     assert keyed_report(monkeypatch, pg_conn, pg_dsn, lake_root, f"SELECT * FROM {t}", keys, run) == expected
     record = report_run(pg_conn, run)
     assert not record["served_from_postgres"] and not record["degraded"]
-    assert record["dirty_rows"] == {f"public.{t}": 198 + 1}  # every row PostgreSQL holds, and the deleted key
+    assert record["dirty_rows"] == {f"public.{t}": 199 + 1}  # every row PostgreSQL holds, and the deleted key
     assert keyed_report(monkeypatch, pg_conn, pg_dsn, lake_root, f"SELECT count(*) AS n FROM {t}", ["n"],
                         f"n_{t}") == {(258,): {"n": 258}}
     as_of = pg_conn.execute("SELECT now()").fetchone()[0]
     assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT * FROM {t}", "--target",
                         f"adhoc_a_{t}", "--run-id", f"a_{t}", "--as-of", as_of.isoformat()) == 2
-    assert "before a rebase" in report_run(pg_conn, f"a_{t}")["error"]
+    assert "it falls inside a rebase" in report_run(pg_conn, f"a_{t}")["error"]
 
-    assert export(spark, pg_dsn, t, lake_root).status == "loaded"  # the rebase's base, then the changes
-    exported_until_clean(spark, pg_dsn, t, lake_root)
+    exported_until_clean(spark, pg_dsn, t, lake_root)  # the rebase's base and the changes
+    assert pg_conn.execute("SELECT load_state, rebase_reason FROM coldharbor.tables WHERE table_id = %s",
+                           (table.table_id,)).fetchone() == ("loaded", None)
     assert keyed_report(monkeypatch, pg_conn, pg_dsn, lake_root, f"SELECT * FROM {t}", keys, f"e_{t}") == expected
     assert not report_run(pg_conn, f"e_{t}")["served_from_postgres"]

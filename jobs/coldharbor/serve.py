@@ -181,7 +181,7 @@ def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, confi
                          for h in snapshot.tables.values()}
     record.served_from_postgres = sorted(h.table.qualified_name for h in snapshot.tables.values() if h.postgres_alone)
     if record.served_from_postgres:
-        log.info("served from PostgreSQL alone until their initial load lands or their lake is resynced: %s",
+        log.info("served from PostgreSQL alone until their base lands or their lake is resynced: %s",
                  ", ".join(record.served_from_postgres))
     if hot_only:
         record.degraded, record.missing_tier = True, "lake"

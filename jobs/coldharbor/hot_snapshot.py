@@ -40,11 +40,24 @@ class HotTable:
     images: pa.Table                   # dirty keys: the columns plus _ch_deleted
     unexported_since: datetime | None  # earliest change not in the pinned lake version
     hot_only: bool = False             # images hold the whole table (the lake was not read)
-    load_pending: bool = False         # hot_only because the table's initial load is not in lake@V yet
+    load_pending: bool = False         # lake@V lacks the table's initial load or a rebase's base: hot_only,
+                                       # or (`reads_evicted_rows`) images hold the whole table
     lake_ahead: str | None = None      # hot_only because the lake is ahead of PostgreSQL: why (`lake_ahead`)
     known_from: datetime | None = None  # the initial load's snapshot time: the lake knows nothing before
     pinned_version: int | None = None   # the lake version the report reads
     rebase_windows: tuple[base_load.RebaseWindow, ...] = ()  # times the lake lacks PostgreSQL's values
+
+    @property
+    def reads_evicted_rows(self) -> bool:
+        """Pending, yet read with the lake: rows evicted from PostgreSQL live there alone. Every row
+        PostgreSQL holds is an image (its key dirty), so lake@V gives only the keys PostgreSQL lacks
+        and no unexported change touched: the evicted rows (`_evicted_rows_in_lake`)."""
+        return self.load_pending and not self.hot_only
+
+    @property
+    def postgres_alone(self) -> bool:
+        """Served from PostgreSQL alone while the lake could be read (`served_from_postgres`)."""
+        return self.lake_ahead is not None or (self.load_pending and self.hot_only)
 
     @property
     def open_window(self) -> base_load.RebaseWindow | None:
@@ -92,6 +105,13 @@ def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], pi
         columns=hot_reader.checked_select(columns, hot_reader.image_value, through_jdbc=False),
         deleted=sql.Identifier(DELETED), table=relation or table.identifier, key_match=hot_reader.key_match(columns),
         missing=hot_reader.row_missing(columns))
+
+
+def deleted_keys_query(table: RegisteredTable, columns: Sequence[LakeColumn], pinned_version: int,
+                       relation: sql.Composable | None = None) -> sql.Composed:
+    """The dirty keys PostgreSQL no longer holds, as delete markers (`dirty_images_query`'s deleted rows)."""
+    return sql.SQL("SELECT * FROM ({images}) images WHERE {deleted}").format(
+        images=dirty_images_query(table, columns, pinned_version, relation), deleted=sql.Identifier(DELETED))
 
 
 def whole_table_query(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sql.Composed:
@@ -152,6 +172,32 @@ def _flushed_before(conn: psycopg.Connection, table: RegisteredTable) -> bool:
     return conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.export_batches "
                         "WHERE table_id = %s AND state = 'flushed' AND kind = 'changes')",
                         (table.table_id,)).fetchone()[0]
+
+
+def _evicted_rows_in_lake(conn: psycopg.Connection, table: RegisteredTable, version: int | None) -> bool:
+    """Whether lake@version holds rows evicted from PostgreSQL (`coldharbor.tables.evicted_at`), which
+    live there alone: then even a pending table is not PostgreSQL alone. An eviction before another
+    relation was registered under the name (sql/017) does not count: its base marks the old
+    relation's keys deleted, and until it lands the lake's keys are the old relation's."""
+    if version is None:
+        return False
+    return conn.execute("""
+        SELECT t.evicted_at IS NOT NULL AND NOT EXISTS (
+                   SELECT 1 FROM coldharbor.rebases r
+                    WHERE r.table_id = t.table_id AND r.new_relation
+                      AND (r.settled_at IS NULL OR r.requested_at >= t.evicted_at))
+          FROM coldharbor.tables t WHERE t.table_id = %s""", (table.table_id,)).fetchone()[0]
+
+
+def _pending_with_evicted_rows(conn: psycopg.Connection, table: RegisteredTable, columns: tuple[LakeColumn, ...],
+                               version: int, relation: sql.Composable) -> pa.Table:
+    """A pending table's images when rows evicted from it live in lake@version alone: every row
+    PostgreSQL holds (lake@V lacks the base that carries what DDL did to them), and a delete marker
+    for every key an unexported change deleted (its lake row must not come back). The unified view
+    then adds the lake's rows of the other keys: the evicted ones, as the lake holds them."""
+    whole = _fetch_arrow(conn, whole_table_query(table, columns), table, columns)
+    deleted = _fetch_arrow(conn, deleted_keys_query(table, columns, version, relation), table, columns)
+    return pa.concat_tables([whole, deleted])
 
 
 def _load_not_in(load: base_load.LoadState, version: int | None,
@@ -226,7 +272,19 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
                                        "were flushed there; the lake location is wrong or was removed")
         ahead = (None if hot_only or lake_batches is None
                  else lake_ahead(conn, table, lake_batches[table.table_id], version))
-        if hot_only or ahead or _load_not_in(load, version, windows):
+        pending = not (hot_only or ahead) and _load_not_in(load, version, windows)
+        if pending and _evicted_rows_in_lake(conn, table, version):
+            images = _pending_with_evicted_rows(conn, table, columns, version,
+                                                hot_reader.source_relation(conn, table))
+            result[table.table_id] = HotTable(table, columns, images, None, load_pending=True,
+                                              known_from=load.loaded_at, pinned_version=version,
+                                              rebase_windows=windows)
+            log.info("%s: %s not in lake version %s, whose rows evicted from PostgreSQL live there alone; served "
+                     "as PostgreSQL's %s rows plus the lake's rows of the keys PostgreSQL lacks and no unexported "
+                     "change touched", table.qualified_name, _missing_base(load, version, windows), version,
+                     images.num_rows)
+            continue
+        if hot_only or ahead or pending:
             # Invariant 12: until the initial load is in lake@V, PostgreSQL alone is the table.
             images = _fetch_arrow(conn, whole_table_query(table, columns), table, columns)
             result[table.table_id] = HotTable(table, columns, images, None, hot_only=True,

@@ -37,7 +37,7 @@ class RunRecord:
     lake_versions: dict[str, int | None] = field(default_factory=dict)
     dirty_rows: dict[str, int] = field(default_factory=dict)
     row_count: int | None = None
-    served_from_postgres: list[str] = field(default_factory=list)  # initial load not landed, or lake ahead
+    served_from_postgres: list[str] = field(default_factory=list)  # `HotTable.postgres_alone`
     lease_id: int | None = None  # held by this process's session while the run is running
 
 

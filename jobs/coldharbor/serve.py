@@ -110,7 +110,9 @@ def table_view(spark: SparkSession, hot: HotTable, version: int | None, lake_roo
     images = hot_frame(spark, hot)
     if version is None:  # nothing exported yet: the table is its hot images
         return images.filter(~images[DELETED]).transform(table_contract(columns))
-    return lake.read_version(spark, hot.table.lake_path(lake_root), version).transform(unified_rows(images, columns))
+    # Pending with evicted rows, every row PostgreSQL holds is dirty: too many to broadcast.
+    return lake.read_version(spark, hot.table.lake_path(lake_root), version).transform(
+        unified_rows(images, columns, broadcast_dirty=not hot.reads_evicted_rows))
 
 
 def register_views(spark: SparkSession, snapshot: HotSnapshot, pinned: Mapping[int, int | None],
@@ -177,10 +179,9 @@ def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, confi
     record.lake_versions = {h.table.qualified_name: pinned[i] for i, h in snapshot.tables.items()}
     record.dirty_rows = {h.table.qualified_name: (0 if h.hot_only else h.images.num_rows)
                          for h in snapshot.tables.values()}
-    record.served_from_postgres = sorted(h.table.qualified_name for h in snapshot.tables.values()
-                                         if h.load_pending or h.lake_ahead)
+    record.served_from_postgres = sorted(h.table.qualified_name for h in snapshot.tables.values() if h.postgres_alone)
     if record.served_from_postgres:
-        log.info("served from PostgreSQL alone until their initial load lands or their lake is resynced: %s",
+        log.info("served from PostgreSQL alone until their base lands or their lake is resynced: %s",
                  ", ".join(record.served_from_postgres))
     if hot_only:
         record.degraded, record.missing_tier = True, "lake"

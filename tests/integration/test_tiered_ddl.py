@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from coldharbor import registry
-from tests.helpers import export, lake_live, pg_rows, serve_report
+from tests.helpers import export, lake_live, pg_rows, report_run, serve_report
 
 DDL = "id bigint PRIMARY KEY, customer text, amount numeric(12,2), status text, qty integer"
 
@@ -210,3 +210,89 @@ def test_a_type_change_the_lake_widens_goes_through_after_evictions(
     # the next change is checked against the widened type
     with pytest.raises(psycopg.errors.FeatureNotSupported, match="as LONG, and the lake cannot widen them to INT"):
         pg_conn.execute(f"ALTER TABLE {t} ALTER COLUMN qty TYPE integer")
+
+
+# Text a key and a value hold as they are: quotes, a backslash, a newline, SQL, non-ASCII.
+HOSTILE = ["o'brien \"q\"", "a\\b\nc; DROP TABLE x; --", "zürich ☃ 東京"]
+PENDING_CASES = {
+    "add_column_default": (
+        "id bigint PRIMARY KEY, customer text, amount numeric(12,2), status text", ["id"],
+        "ALTER TABLE {t} ADD COLUMN region text DEFAULT 'eu'", lambda row: {**row, "region": None}),
+    "type_change_using": (
+        "shop text, id int, customer text, amount numeric(12,2), status text, PRIMARY KEY (shop, id)", ["shop", "id"],
+        "ALTER TABLE {t} ALTER COLUMN status TYPE text USING upper(status)", lambda row: row),
+}
+
+
+def keyed_tiered_table(conn, name: str, ddl: str, keys: list[str]) -> registry.RegisteredTable:
+    """`tiered_table` with the case's key (a composite one holds hostile text in its first column)."""
+    conn.execute(f"CREATE TABLE {name} ({ddl})")
+    shop = "(ARRAY[%s, %s, %s])[g %% 3 + 1], " if keys != ["id"] else ""
+    insert = f"INSERT INTO {name} SELECT {shop}g, %s || (g %% 13), g * 0.5, %s FROM generate_series(%s::int, %s::int) g"
+    hostile = HOSTILE if shop else []
+    conn.execute(insert, (*hostile, HOSTILE[2], "new", 1, 200))
+    conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => interval '1 hour')", (name,))
+    conn.execute(insert, (*hostile, "late " + HOSTILE[1], "paid", 201, 260))
+    [table] = registry.load(conn, name)
+    return table
+
+
+def exported_until_clean(spark, dsn: str, name: str, lake_root: str) -> None:
+    statuses = [export(spark, dsn, name, lake_root).status for _ in range(3)]
+    assert statuses[-1] == "clean", statuses
+
+
+def keyed_report(monkeypatch, conn, dsn: str, lake_root: str, select: str, keys: list[str], run_id: str) -> dict:
+    assert serve_report(monkeypatch, dsn, lake_root, "--sql", select, "--target", f"adhoc_{run_id}",
+                        "--run-id", run_id) == 0
+    return pg_rows(conn, f"SELECT * FROM reports.adhoc_{run_id}", keys)
+
+
+@pytest.mark.parametrize("case", sorted(PENDING_CASES))
+def test_a_tiered_table_pending_a_rebase_keeps_its_evicted_rows_in_reports(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, case):
+    """While DDL keeps a tiered table pending its new base, reports read PostgreSQL's rows plus the
+    lake's rows of the keys PostgreSQL does not hold and no unexported change touched: the evicted
+    rows, as the lake holds them. Before, the table was read from PostgreSQL alone and every evicted
+    row was missing until the export wrote the base."""
+    ddl, keys, change, evicted_after = PENDING_CASES[case]
+    t = table_name
+    table = keyed_tiered_table(pg_conn, t, ddl, keys)
+    assert export(spark, pg_dsn, t, lake_root).status in ("loaded", "exported")
+    pg_conn.execute(f"DELETE FROM {t} WHERE id = 3")  # its delete marker is exported
+    exported_until_clean(spark, pg_dsn, t, lake_root)
+    before = pg_rows(pg_conn, f"SELECT * FROM {t}", keys)
+    assert evict_written_rows(pg_conn, table) == 60
+    left = pg_rows(pg_conn, f"SELECT * FROM {t}", keys)
+    evicted = {k: row for k, row in before.items() if k not in left}
+    assert len(evicted) == 60 and all(row["id"] > 200 for row in evicted.values())
+    back = next(k for k in sorted(evicted) if evicted[k]["id"] == 210)
+    pg_conn.execute(f"INSERT INTO {t} SELECT * FROM (VALUES ({', '.join(['%s'] * len(before[back]))})) v",
+                    tuple({**before[back], "customer": "back in the hot tier"}.values()))  # an evicted key again
+    del evicted[back]
+    pg_conn.execute(f"DELETE FROM {t} WHERE id = 4")  # not exported: must not come back from the lake
+    pg_conn.execute(change.format(t=t))
+    assert pg_conn.execute("SELECT load_state, rebase_reason IS NOT NULL FROM coldharbor.tables WHERE table_id = %s",
+                           (table.table_id,)).fetchone() == ("pending", True)
+    expected = pg_rows(pg_conn, f"SELECT * FROM {t}", keys)
+    assert not set(expected) & set(evicted) and not any(row["id"] in (3, 4) for row in expected.values())
+    expected.update({k: evicted_after(row) for k, row in evicted.items()})
+    assert len(expected) == 258
+
+    run = f"p_{t}"
+    assert keyed_report(monkeypatch, pg_conn, pg_dsn, lake_root, f"SELECT * FROM {t}", keys, run) == expected
+    record = report_run(pg_conn, run)
+    assert not record["served_from_postgres"] and not record["degraded"]
+    assert record["dirty_rows"] == {f"public.{t}": 199 + 1}  # every row PostgreSQL holds, and the deleted key
+    assert keyed_report(monkeypatch, pg_conn, pg_dsn, lake_root, f"SELECT count(*) AS n FROM {t}", ["n"],
+                        f"n_{t}") == {(258,): {"n": 258}}
+    as_of = pg_conn.execute("SELECT now()").fetchone()[0]
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT * FROM {t}", "--target",
+                        f"adhoc_a_{t}", "--run-id", f"a_{t}", "--as-of", as_of.isoformat()) == 2
+    assert "it falls inside a rebase" in report_run(pg_conn, f"a_{t}")["error"]
+
+    exported_until_clean(spark, pg_dsn, t, lake_root)  # the rebase's base and the changes
+    assert pg_conn.execute("SELECT load_state, rebase_reason FROM coldharbor.tables WHERE table_id = %s",
+                           (table.table_id,)).fetchone() == ("loaded", None)
+    assert keyed_report(monkeypatch, pg_conn, pg_dsn, lake_root, f"SELECT * FROM {t}", keys, f"e_{t}") == expected
+    assert not report_run(pg_conn, f"e_{t}")["served_from_postgres"]

@@ -323,7 +323,8 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
         lake_values.refuse_in_table(conn, table, columns, LOAD_REFUSED)
         hook(f"{points}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
-        tiered = table.hot_retention is not None and not answers_new_relation(conn, table.table_id)
+        tiered = ((table.hot_retention is not None or has_evicted_rows(conn, table.table_id))
+                  and not answers_new_relation(conn, table.table_id))
         rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=tiered)
                 .transform(to_lake_rows(columns, batch_id, datetime.now(timezone.utc))))
         rows = faults.inside_tasks(rows, f"{points}_during_write")
@@ -339,6 +340,13 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
                                         "rebase_serial": rebase_serial},
                               add_columns=bool(change.added or change.metadata_added),
                               stats_columns=[*table.key_columns, *table.sort_by])
+
+
+def has_evicted_rows(conn: psycopg.Connection, table_id: int) -> bool:
+    """Whether rows of the table were ever evicted (sql/018): they live in the lake alone even after
+    its hot retention was removed (registered again without one), so a base must keep them."""
+    return conn.execute("SELECT evicted_at IS NOT NULL FROM coldharbor.tables WHERE table_id = %s",
+                        (table_id,)).fetchone()[0]
 
 
 def answers_new_relation(conn: psycopg.Connection, table_id: int) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from coldharbor import registry
+from coldharbor import registry, resync
 from tests.helpers import export, lake_live, pg_rows, report_run, serve_report
 
 DDL = "id bigint PRIMARY KEY, customer text, amount numeric(12,2), status text, qty integer"
@@ -296,3 +296,18 @@ def test_a_tiered_table_pending_a_rebase_keeps_its_evicted_rows_in_reports(
                            (table.table_id,)).fetchone() == ("loaded", None)
     assert keyed_report(monkeypatch, pg_conn, pg_dsn, lake_root, f"SELECT * FROM {t}", keys, f"e_{t}") == expected
     assert not report_run(pg_conn, f"e_{t}")["served_from_postgres"]
+
+
+def test_a_resync_after_the_hot_retention_was_removed_keeps_the_evicted_rows(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
+    """Registered again without a retention, the table evicts nothing more, but the rows it evicted
+    still live in the lake alone: a base (here a resync's) must not mark them deleted."""
+    t = table_name
+    _, everything = evicted_tiered_table(spark, pg_dsn, pg_conn, t, lake_root)
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
+    assert pg_conn.execute("SELECT hot_retention FROM coldharbor.tables WHERE table_name = %s",
+                           (t,)).fetchone()[0] is None
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    assert resync.main(["--table", t, "--lake-root", lake_root]) == 0
+    assert report(monkeypatch, pg_conn, pg_dsn, lake_root, t, f"u_{t}") == everything
+    assert lake_live(spark, lake_root, t, ["id"]) == everything

@@ -45,6 +45,7 @@ from coldharbor.lake_rows import DELETED, latest_per_key
 from coldharbor.purge_predicate import Predicate
 from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.spark import temporary_conf
+from coldharbor.spark_python import collectable, collected
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +124,10 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
         if has_lake:
             rows = lake.read_version(spark, path, lake.pin_version(spark, path))
             latest_match = (rows.transform(latest_per_key(key_names))
-                            .filter(~F.col(DELETED)).filter(predicate.spark).select(*key_names))
-            lake_matches = {lake_key(r) for r in latest_match.collect()} - all_keys
+                            .filter(~F.col(DELETED)).filter(predicate.spark)
+                            .select(*[collectable(F.col(c.name), c.lake_type).alias(c.name) for c in keys]))
+            lake_matches = {lake_key([collected(v, c.lake_type) for v, c in zip(r, keys)])
+                            for r in latest_match.collect()} - all_keys
             current = _current_keys(conn, table, keys, lake_matches)
             result.keys_kept = len(current)
             all_keys |= lake_matches - current
@@ -221,12 +224,13 @@ def _change_log_of(conn: psycopg.Connection, table: RegisteredTable, keys: list[
 
 
 def lake_key(values) -> tuple:
-    """A key as one Python value whichever tier it came from: Spark hands timestamps back naive
-    (in UTC: the jobs' zone), psycopg zone-aware; binary comes as bytearray or bytes. Keys of the
-    two tiers are compared as sets, so they must be equal values, not merely equal instants."""
+    """A key as one Python value whichever tier it came from: a timestamptz zone-aware in UTC (psycopg
+    gives it in the session's zone, `spark_python.collected` in UTC; PySpark sends it back to Spark by
+    its instant, whatever this process's zone); binary comes as bytearray or bytes. Keys of the two
+    tiers are compared as sets, so they must be equal values, not merely equal instants."""
     def one(value):
         if isinstance(value, datetime) and value.tzinfo is not None:
-            return value.astimezone(timezone.utc).replace(tzinfo=None)
+            return value.astimezone(timezone.utc)
         if isinstance(value, (bytearray, memoryview)):
             return bytes(value)
         return value

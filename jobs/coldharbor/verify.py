@@ -20,11 +20,11 @@ import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime
 from decimal import Decimal
 
 import psycopg
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from coldharbor import (base_load, batches, hot_snapshot, lake, lake_values, maintenance_runs, pg, registry, settings,
@@ -32,6 +32,7 @@ from coldharbor import (base_load, batches, hot_snapshot, lake, lake_values, mai
 from coldharbor.errors import ColdharborError, ConfigError, LakeUnavailableError
 from coldharbor.job_main import EXIT_REFUSED, one_table, run_job
 from coldharbor.registry import LakeColumn, RegisteredTable
+from coldharbor.spark_python import collectable, collected
 from coldharbor.table_reader import TableSnapshot
 from coldharbor.verify_digests import CHUNK, HASH, WEIGHT, Chunking
 
@@ -40,7 +41,6 @@ log = logging.getLogger(__name__)
 DEFAULT_CHUNKS = 16
 SAMPLE_KEYS = 10
 EXIT_DIFFERENT = 1
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)  # `collected` counts a TIMESTAMP's microseconds from it
 # PostgreSQL's rows are digested from their exact values, but the dirty keys' hot images reach the
 # view through the readers, and a lake exported before such values were refused may hold them moved
 # or clamped: such a table is refused, naming the value.
@@ -117,22 +117,6 @@ def view_chunks(view: DataFrame, first_key: LakeColumn) -> dict[int, Chunk]:
                                     collectable(F.max(F.when(live, key)), first_key.lake_type).alias("last")).collect()
     return {r[CHUNK]: Chunk(r[CHUNK], r["rows"], r["hash"], collected(r["first"], first_key.lake_type),
                             collected(r["last"], first_key.lake_type)) for r in found if r["rows"] or r["hash"]}
-
-
-def collectable(value: Column, lake_type: str | None) -> Column:
-    """`value` in a form Python receives exactly: a TIMESTAMP as its microseconds since 1970
-    (`collected` makes it a datetime in UTC again). PySpark hands a TIMESTAMP to Python in the
-    process's local time zone, and Python's conversion to local time looks a day earlier (for a
-    daylight-saving fold): 0001-01-01 00:00 UTC, a value the lake holds, fails there with 'year 0
-    is out of range' in every zone, and other values read differently under another TZ."""
-    return F.unix_micros(value) if lake_type == "TIMESTAMP" else value
-
-
-def collected(value: object, lake_type: str | None) -> object:
-    """A value `collectable` sent: a TIMESTAMP as a datetime in UTC (zone-aware), others as they came."""
-    if lake_type == "TIMESTAMP" and value is not None:
-        return EPOCH + timedelta(microseconds=value)
-    return value
 
 
 def differing_chunks(view: dict[int, Chunk], postgres: dict[int, Chunk]) -> list[dict]:

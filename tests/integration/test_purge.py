@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -223,3 +224,43 @@ def test_a_key_the_purge_cannot_read_is_refused_in_one_line(spark, pg_dsn, pg_co
     assert pg_rows(pg_conn, query, ["region", "day", "code"]) == before
     assert dirty_ids(pg_conn, table_name) == dirty
     assert lake.pin_version(spark, table.lake_path(lake_root)) == version
+
+
+@pytest.fixture(params=["UTC", "Asia/Tokyo"])
+def python_zone(request, monkeypatch):
+    """This Python process's local time zone (the JVM and PostgreSQL sessions stay in UTC)."""
+    monkeypatch.setenv("TZ", request.param)
+    time.tzset()
+    yield request.param
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_timestamptz_keys_at_the_lakes_edges_purge_whatever_the_python_zone(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, python_zone):
+    """The purge brings the lake's matching keys into Python: PySpark converts a TIMESTAMP there in
+    the process's local time, which fails for 0001-01-01 00:00 UTC ('year 0 is out of range') and
+    shifts every key east or west of UTC, so the lake's keys matched none of PostgreSQL's."""
+    t = table_name
+    pg_conn.execute(f"CREATE TABLE {t} (at timestamptz, shop text, v text, PRIMARY KEY (at, shop))")
+    pg_conn.execute(f"""INSERT INTO {t} VALUES ('0001-01-01 00:00:00+00', 'o''k', 'gone'),
+                            ('9999-12-31 23:59:59.999999+00', 'a', 'gone'), ('2020-06-01 12:00:00+00', 'a', 'stay')""")
+    pg_conn.execute(f"INSERT INTO {t} SELECT timestamptz '2021-01-01 00:00+00' + g * interval '1 hour', 'b', 'stay' "
+                    "FROM generate_series(1, 40) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
+    export(spark, pg_dsn, t, lake_root)
+    pg_conn.execute(f"UPDATE {t} SET v = 'gone' WHERE at = '2020-06-01 12:00:00+00'")
+    export(spark, pg_dsn, t, lake_root)
+    pg_conn.execute(f"UPDATE {t} SET v = 'back' WHERE at = '2020-06-01 12:00:00+00'")  # not exported: kept
+    [table] = registry.load(pg_conn, t)
+
+    result = purge_now(spark, pg_dsn, table, t, "v = 'gone'", lake_root, f"p-{python_zone}")
+
+    assert result.complete, result.remaining
+    assert (result.hot_rows_deleted, result.keys_purged, result.keys_kept) == (2, 2, 1)
+    expected = pg_rows(pg_conn, f"SELECT * FROM {t}", ["at", "shop"])
+    assert len(expected) == 41 and all(row["v"] != "gone" for row in expected.values())
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT * FROM {t}", "--target",
+                        f"adhoc_{t}") == 0
+    assert pg_rows(pg_conn, f"SELECT * FROM reports.adhoc_{t}", ["at", "shop"]) == expected
+    assert spark.read.format("delta").load(table.lake_path(lake_root)).filter("v = 'gone'").count() == 0

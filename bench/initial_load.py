@@ -51,26 +51,30 @@ def copy_binary(dsn: str) -> None:
                 pass
 
 
-def write_rate(dsn: str, rows: int, stop: threading.Event, counts: list[int]) -> None:
-    """Single-row UPDATE transactions, as an application makes them, until `stop`."""
+def write_rate(dsn: str, rows: int, stop: threading.Event, counts: list[int], ended: list[float]) -> None:
+    """Single-row UPDATE transactions, as an application makes them, until `stop` (its time in `ended`)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         i = 0
         while not stop.is_set():
             i += 1
             conn.execute("UPDATE bench_load SET amount = amount + 1 WHERE id = %s", ((i * 7919) % rows + 1,))
             counts[0] += 1
+        ended[0] = time.perf_counter()
 
 
 def writes_for(dsn: str, rows: int, seconds: float, during=None) -> tuple[float, float]:
-    """(writes/s, wall of `during`) with the writer running while `during` runs (or for `seconds`)."""
-    stop, counts = threading.Event(), [0]
-    writer = threading.Thread(target=write_rate, args=(dsn, rows, stop, counts))
+    """(writes/s, wall of `during`) with the writer running while `during` runs (or for `seconds`).
+    `during` is called with an Event it sets when the part that counts is over (the load's commit):
+    the writer's rate is taken until then, not over the export of its own changes that follows, which
+    a writer keeping its rate makes as long as it likes."""
+    stop, counts, ended = threading.Event(), [0], [0.0]
+    writer = threading.Thread(target=write_rate, args=(dsn, rows, stop, counts, ended))
     start = time.perf_counter()
     writer.start()
-    wall = timed(during) if during else (time.sleep(seconds) or seconds)
+    wall = timed(lambda: during(stop)) if during else (time.sleep(seconds) or seconds)
     stop.set()
     writer.join()
-    return counts[0] / (time.perf_counter() - start), wall
+    return counts[0] / (ended[0] - start), wall
 
 
 def load_and_verify(spark, dsn: str, lake_root: str, name: str) -> tuple[int, bool]:
@@ -104,12 +108,16 @@ def run(rows: int = 10_000_000, seconds: float = 20.0) -> list[Row]:
         # Registered first: both rates include capture's trigger, which is not a cost of the load.
         idle_rate, _ = writes_for(dsn, rows, seconds)
 
-        def load() -> None:
+        def load(landed: threading.Event) -> None:
+            def at(point: str) -> None:  # the load's crash points: its commit is where it ends
+                if point == "load_after_commit":
+                    landed.set()
+
             with pg.connect(dsn) as conn:
                 [table] = registry.load(conn, "public.bench_load")
                 result = export_table(spark, conn, pg.JdbcTarget.from_dsn(dsn), table,
-                                      ExportConfig("public.bench_load", lake_root, "bench"), lambda point: None)
-                assert result.loaded_rows == rows, result
+                                      ExportConfig("public.bench_load", lake_root, "bench"), at)
+                assert result.loaded_rows == rows and landed.is_set(), result
 
         loading_rate, load_s = writes_for(dsn, rows, seconds, during=load)
 

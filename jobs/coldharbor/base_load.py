@@ -323,8 +323,7 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
         lake_values.refuse_in_table(conn, table, columns, LOAD_REFUSED)
         hook(f"{points}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
-        tiered = ((table.hot_retention is not None or has_evicted_rows(conn, table.table_id))
-                  and not answers_new_relation(conn, table.table_id))
+        tiered = keeps_lake_only_rows(conn, table) and not answers_new_relation(conn, table.table_id)
         rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=tiered)
                 .transform(to_lake_rows(columns, batch_id, datetime.now(timezone.utc))))
         rows = faults.inside_tasks(rows, f"{points}_during_write")
@@ -347,6 +346,13 @@ def has_evicted_rows(conn: psycopg.Connection, table_id: int) -> bool:
     its hot retention was removed (registered again without one), so a base must keep them."""
     return conn.execute("SELECT evicted_at IS NOT NULL FROM coldharbor.tables WHERE table_id = %s",
                         (table_id,)).fetchone()[0]
+
+
+def keeps_lake_only_rows(conn: psycopg.Connection, table: RegisteredTable) -> bool:
+    """Whether keys only the lake holds may be rows evicted from PostgreSQL, not deleted ones: a
+    tiered table, or one that ever evicted rows (what a base keeps, verify does not compare, and a
+    lake ahead of PostgreSQL makes unreadable)."""
+    return table.hot_retention is not None or has_evicted_rows(conn, table.table_id)
 
 
 def answers_new_relation(conn: psycopg.Connection, table_id: int) -> bool:

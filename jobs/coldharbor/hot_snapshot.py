@@ -236,7 +236,7 @@ def lake_ahead(conn: psycopg.Connection, table: RegisteredTable, lake_batch_id: 
     try:
         lake.check_batch_id(lake_batch_id, batches.next_batch_id(conn, table.table_id), table.qualified_name)
     except lake.LakeAheadError as exc:
-        if table.hot_retention is not None:
+        if base_load.keeps_lake_only_rows(conn, table):
             raise lake.LakeAheadError(table.qualified_name, exc.batch_id, f"{exc.detail}; rows evicted from "
                                       "PostgreSQL live in the lake alone, so no report can read the table") from None
         return str(exc)

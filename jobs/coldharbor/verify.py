@@ -260,7 +260,7 @@ class Compared:
     def restricted(self, rows: DataFrame) -> DataFrame:
         """`rows` of the keys to compare: a tiered table's evicted rows are in the lake alone by
         design, so only the keys PostgreSQL holds count there."""
-        if self.table.hot_retention is None:
+        if not base_load.keeps_lake_only_rows(self.conn, self.table):
             return rows
         held = table_reader.read_table(self.spark, self.conn, self.jdbc, self.snapshot, self.table, self.chunks.keys)
         return rows.join(held.select(*verify_digests.typed_keys(held, self.chunks.keys)),

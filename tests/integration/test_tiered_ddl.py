@@ -14,7 +14,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from coldharbor import registry, resync
+from coldharbor import registry, resync, verify
 from tests.helpers import export, lake_live, pg_rows, report_run, serve_report
 
 DDL = "id bigint PRIMARY KEY, customer text, amount numeric(12,2), status text, qty integer"
@@ -311,3 +311,5 @@ def test_a_resync_after_the_hot_retention_was_removed_keeps_the_evicted_rows(
     assert resync.main(["--table", t, "--lake-root", lake_root]) == 0
     assert report(monkeypatch, pg_conn, pg_dsn, lake_root, t, f"u_{t}") == everything
     assert lake_live(spark, lake_root, t, ["id"]) == everything
+    # verify takes them as evicted rows too, not as rows the lake has and PostgreSQL lacks
+    assert verify.main(["--table", t, "--lake-root", lake_root]) == 0

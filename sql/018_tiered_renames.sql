@@ -19,8 +19,8 @@
 --
 -- `tables.evicted_at` is when the newest eviction that deleted rows committed (set by a trigger on
 -- coldharbor.evictions, which evict() writes then). Registering another relation under the name
--- (sql/017) leaves no evicted row behind: its base marks the old relation's keys deleted, so an
--- eviction older than that registration does not count. `tables.lake_types` is each column's lake
+-- (sql/017) leaves no evicted row behind: its base marks the old relation's keys deleted, so that
+-- registration clears `evicted_at`. `tables.lake_types` is each column's lake
 -- type (per attnum) at registration or after the last DDL, what a type change is checked against.
 --
 -- sql/014's rebase trigger fired on the ALTER TABLE tag only, so the other spellings of a rename
@@ -51,6 +51,9 @@ UPDATE coldharbor.tables t
                AND coalesce((m.detail ->> 'dry_run')::boolean, false) = false
                AND coalesce((m.detail ->> 'evicted_rows')::bigint, 0) > 0),
            CASE WHEN EXISTS (SELECT 1 FROM coldharbor.evictions e WHERE e.table_id = t.table_id) THEN now() END);
+UPDATE coldharbor.tables t SET evicted_at = NULL
+ WHERE EXISTS (SELECT 1 FROM coldharbor.rebases r
+                WHERE r.table_id = t.table_id AND r.new_relation AND r.requested_at >= t.evicted_at);
 
 -- Each live column's lake type (NULL for a type the lake cannot hold), per attnum.
 CREATE FUNCTION coldharbor.column_lake_types(p_rel oid)
@@ -74,6 +77,9 @@ BEGIN
     IF NEW.source_kind = 'table' AND NEW.relid IS NOT NULL
        AND (TG_OP = 'INSERT' OR NEW.relid IS DISTINCT FROM OLD.relid OR NEW.lake_types IS NULL) THEN
         NEW.lake_types := coldharbor.column_lake_types(NEW.relid);
+    END IF;
+    IF TG_OP = 'UPDATE' AND NEW.relid IS DISTINCT FROM OLD.relid THEN
+        NEW.evicted_at := NULL;  -- another relation: it evicted nothing (its base marks the old keys deleted)
     END IF;
     RETURN NEW;
 END;
@@ -99,17 +105,17 @@ LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     t       record;
     now_sig jsonb;
+    now_types jsonb;
     k       text;
     col     jsonb;
     was     jsonb;
 BEGIN
     SELECT * INTO t FROM coldharbor.tables WHERE table_id = p_table_id;
-    IF t.evicted_at IS NULL OR t.relid IS NULL OR t.columns_seen IS NULL
-       OR EXISTS (SELECT 1 FROM coldharbor.rebases r
-                   WHERE r.table_id = p_table_id AND r.new_relation AND r.requested_at >= t.evicted_at) THEN
+    IF t.evicted_at IS NULL OR t.relid IS NULL OR t.columns_seen IS NULL THEN
         RETURN NULL;
     END IF;
     now_sig := coldharbor.column_values_signature(t.relid);
+    now_types := coldharbor.column_lake_types(t.relid);
     FOR k, col IN SELECT * FROM jsonb_each(now_sig) LOOP
         was := t.columns_seen -> k;
         IF was IS NOT NULL AND NOT coalesce((was ->> 'dropped')::boolean, false)
@@ -125,7 +131,7 @@ BEGIN
                           'the new column''s', quote_ident(col ->> 'name'), t.schema_name, t.table_name,
                           t.evicted_at, quote_ident(col ->> 'name'));
         ELSIF t.lake_types ? k AND t.lake_types ->> k IS NOT NULL
-              AND NOT coalesce(coldharbor.lake_widens(t.lake_types ->> k, coldharbor.column_lake_types(t.relid) ->> k), false) THEN
+              AND NOT coalesce(coldharbor.lake_widens(t.lake_types ->> k, now_types ->> k), false) THEN
             RETURN format('cannot change the type of column %s of %I.%I to %s: rows evicted from its hot tier (last at %s) '
                           'live in the lake alone, as %s, and the lake cannot widen them to %s (it widens smallint, '
                           'integer and bigint to a wider integer or double precision, real to double precision)',
@@ -133,7 +139,7 @@ BEGIN
                           (SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
                             WHERE a.attrelid = t.relid AND a.attnum = k::smallint),
                           t.evicted_at, t.lake_types ->> k,
-                          coalesce(coldharbor.column_lake_types(t.relid) ->> k, 'a lake type (none holds it)'));
+                          coalesce(now_types ->> k, 'a lake type (none holds it)'));
         END IF;
     END LOOP;
     RETURN NULL;
@@ -162,7 +168,8 @@ BEGIN
                       HINT = 'Rows evicted from the hot tier keep the names and lake types they were evicted with; '
                              'a view can show a column under another name or type.';
         END IF;
-        UPDATE coldharbor.tables SET lake_types = coldharbor.column_lake_types(relid) WHERE table_id = v_table;
+        UPDATE coldharbor.tables SET lake_types = coldharbor.column_lake_types(relid)
+         WHERE table_id = v_table AND lake_types IS DISTINCT FROM coldharbor.column_lake_types(relid);
     END LOOP;
 END;
 $$;

@@ -176,17 +176,10 @@ def _flushed_before(conn: psycopg.Connection, table: RegisteredTable) -> bool:
 
 def _evicted_rows_in_lake(conn: psycopg.Connection, table: RegisteredTable, version: int | None) -> bool:
     """Whether lake@version holds rows evicted from PostgreSQL (`coldharbor.tables.evicted_at`), which
-    live there alone: then even a pending table is not PostgreSQL alone. An eviction before another
-    relation was registered under the name (sql/017) does not count: its base marks the old
-    relation's keys deleted, and until it lands the lake's keys are the old relation's."""
-    if version is None:
-        return False
-    return conn.execute("""
-        SELECT t.evicted_at IS NOT NULL AND NOT EXISTS (
-                   SELECT 1 FROM coldharbor.rebases r
-                    WHERE r.table_id = t.table_id AND r.new_relation
-                      AND (r.settled_at IS NULL OR r.requested_at >= t.evicted_at))
-          FROM coldharbor.tables t WHERE t.table_id = %s""", (table.table_id,)).fetchone()[0]
+    live there alone: then even a pending table is not PostgreSQL alone. Registering another relation
+    under the name (sql/017) clears it: its base marks the old relation's keys deleted, and until it
+    lands the lake's keys are the old relation's."""
+    return version is not None and base_load.has_evicted_rows(conn, table.table_id)
 
 
 def _pending_with_evicted_rows(conn: psycopg.Connection, table: RegisteredTable, columns: tuple[LakeColumn, ...],

@@ -6,6 +6,7 @@ import logging
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 
@@ -14,6 +15,7 @@ from coldharbor.errors import ColdharborError, PostgresUnavailableError, Privile
 log = logging.getLogger(__name__)
 
 EXIT_REFUSED = 2  # a ColdharborError: bad input, or a tier unreachable; nothing half-done
+TRACEBACK_DIR_ENV = "COLDHARBOR_TRACEBACK_DIR"
 
 
 def configure_logging() -> None:
@@ -29,12 +31,15 @@ def configure_logging() -> None:
     warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
 
 
-def run_job(name: str, body: Callable[[], int], unexpected_exit: int | None = None) -> int:
+EXIT_UNFORESEEN = 1  # an error no check foresaw: a bug to report, its traceback kept in a file
+
+
+def run_job(name: str, body: Callable[[], int], unexpected_exit: int = EXIT_UNFORESEEN) -> int:
     """Runs `body`; a ColdharborError, a lost PostgreSQL or Spark Connect server or a refused
-    privilege is logged as one line: exit 2. Any other exception goes on (a traceback, exit 1),
-    unless the job gives an `unexpected_exit`: then it too is one line (`unexpected`), that exit --
-    for a job whose exit 1 means something else (verify: differences found). The Spark Connect
-    sessions it opened are released."""
+    privilege is logged as one line: exit 2. Any other exception is one line too (`unexpected`,
+    naming the file that keeps its traceback for a bug report): exit `unexpected_exit`, 1 unless
+    the job's exit 1 means something else (verify: differences found). The Spark Connect sessions
+    it opened are released."""
     from coldharbor.spark import release_sessions
 
     configure_logging()
@@ -49,7 +54,6 @@ def unexpected(exc: BaseException) -> str:
     line (a JVM error's cause) and the innermost line of Coldharbor's code it passed, which is what
     a traceback would have shown a reader."""
     import traceback
-    from pathlib import Path
 
     from coldharbor.lake import jvm_message
     from coldharbor.registry import one_line
@@ -60,7 +64,24 @@ def unexpected(exc: BaseException) -> str:
     return one_line(f"an error no check foresaw{where}: {type(exc).__name__}: {jvm_message(exc)}")
 
 
-def _run(name: str, body: Callable[[], int], unexpected_exit: int | None) -> int:
+def keep_traceback(name: str, exc: BaseException) -> Path | None:
+    """Writes `exc`'s traceback to a file of its own (COLDHARBOR_TRACEBACK_DIR, else the temporary
+    folder) for the bug report, and returns it; None when it cannot be written."""
+    import os
+    import tempfile
+    import time
+    import traceback
+
+    folder = Path(os.environ.get(TRACEBACK_DIR_ENV) or tempfile.gettempdir())
+    path = folder / f"coldharbor-{name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.traceback"
+    try:
+        path.write_text("".join(traceback.format_exception(exc)))
+    except OSError:
+        return None
+    return path
+
+
+def _run(name: str, body: Callable[[], int], unexpected_exit: int) -> int:
     try:
         return body()
     except ColdharborError as exc:
@@ -82,9 +103,8 @@ def _run(name: str, body: Callable[[], int], unexpected_exit: int | None) -> int
         if lost is not None:
             log.error("%s failed: %s", name, lost)
             return EXIT_REFUSED
-        if unexpected_exit is None:
-            raise
-        log.error("%s failed: %s", name, unexpected(exc))
+        kept = keep_traceback(name, exc)
+        log.error("%s failed: %s%s", name, unexpected(exc), f"; its traceback is in {kept}" if kept else "")
         return unexpected_exit
 
 

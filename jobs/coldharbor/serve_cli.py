@@ -10,7 +10,7 @@ import psycopg
 
 from coldharbor import hot_reader, pg, registry, registry_cache, report_runs, report_spec, settings
 from coldharbor.errors import ColdharborError, PostgresUnavailableError, ReportError
-from coldharbor.job_main import configure_logging
+from coldharbor.job_main import EXIT_UNFORESEEN, configure_logging, keep_traceback, unexpected
 from coldharbor.report_runs import RunRecord
 from coldharbor.serve import (MODES, ServeConfig, default_run_id, history_window, serve, serve_lake_only,
                               validate_report)
@@ -189,7 +189,7 @@ def _main(argv: list[str]) -> int:
     except psycopg.OperationalError as exc:
         log.error("serve_report failed (run %s): lost PostgreSQL: %s", record.run_id, exc)
         return 2
-    except Exception as exc:  # recorded, then shown whole: this is a bug or an unforeseen failure
+    except Exception as exc:  # recorded, then one line naming its kept traceback: a bug or an unforeseen failure
         # ...unless a Spark JDBC reader or writer lost PostgreSQL, or the Spark Connect server is gone
         lost = pg.lost_postgres(exc) or lost_spark(exc)
         if lost is not None:
@@ -197,8 +197,10 @@ def _main(argv: list[str]) -> int:
             log.error("serve_report failed (run %s): %s", record.run_id, lost)
             return 2
         _record_failure(conn, record, f"{type(exc).__name__}: {exc}")
-        log.exception("serve_report failed (run %s) unexpectedly", record.run_id)
-        return 1
+        kept = keep_traceback("serve_report", exc)
+        log.error("serve_report failed (run %s): %s%s", record.run_id, unexpected(exc),
+                  f"; its traceback is in {kept}" if kept else "")
+        return EXIT_UNFORESEEN
     finally:
         if conn is not None:
             conn.close()

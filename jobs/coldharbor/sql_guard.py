@@ -173,16 +173,27 @@ def _cte_in_scope(table: exp.Table) -> bool:
     return False
 
 
-def _lookup(table: exp.Table, by_name: Mapping[str, RegisteredTable | str]) -> RegisteredTable:
-    parts = [p.lower() for p in (table.catalog, table.db, table.name) if p]
-    key = ".".join(parts)
-    match = by_name.get(key)
-    if match is None:
+def _lookup(table: exp.Table, by_name: Mapping[str, list[RegisteredTable]]) -> RegisteredTable:
+    """The registered table a reference names. Spark folds the case of names, so a reference matches
+    every table whose name differs only in case; among several, the one spelled exactly as written
+    (`public.CaseT` is "CaseT", `public.caset` is caset), else it is refused."""
+    written = [p for p in (table.catalog, table.db, table.name) if p]
+    key = ".".join(written).lower()
+    candidates = by_name.get(key, [])
+    if not candidates:
         raise ReportError(f"table {key} is not a registered table "
                           f"(registered: {', '.join(sorted(n for n in by_name if '.' in n)) or 'none'})")
-    if isinstance(match, str):
-        raise ReportError(match)
-    return match
+    if len(candidates) > 1:
+        exact = [t for t in candidates
+                 if [t.schema_name, t.table_name][-len(written):] == written]
+        if len(exact) != 1:
+            spellings = " and ".join(t.qualified_name for t in candidates)
+            if len({t.table_name for t in candidates}) < len(candidates):
+                raise ReportError(f"table name {key} is ambiguous ({spellings}): qualify it")
+            raise ReportError(f"table name {'.'.join(written)} is ambiguous: registered tables {spellings} "
+                              "differ only in case; write the name in its exact case")
+        return exact[0]
+    return candidates[0]
 
 
 def _regenerate(tree: exp.Query, views: set[str]) -> str:
@@ -211,18 +222,12 @@ def spark_sql_of(tree: exp.Expression) -> str | None:
         return None
 
 
-def _names(registered: Iterable[RegisteredTable]) -> Mapping[str, RegisteredTable | str]:
-    """schema.table always; the bare table name too when only one schema has it."""
-    names: dict[str, RegisteredTable | str] = {}
+def _names(registered: Iterable[RegisteredTable]) -> Mapping[str, list[RegisteredTable]]:
+    """The tables each lower-case name may mean: schema.table, and the bare table name."""
+    names: dict[str, list[RegisteredTable]] = {}
     for table in registered:
-        names[table.qualified_name.lower()] = table
-        bare = table.table_name.lower()
-        if bare in names:
-            other = names[bare]
-            first = other.qualified_name if isinstance(other, RegisteredTable) else "several schemas"
-            names[bare] = f"table name {bare} is ambiguous ({first} and {table.qualified_name}): qualify it"
-        else:
-            names[bare] = table
+        names.setdefault(table.qualified_name.lower(), []).append(table)
+        names.setdefault(table.table_name.lower(), []).append(table)
     return names
 
 

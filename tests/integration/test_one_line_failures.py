@@ -125,6 +125,29 @@ def test_postgres_lost_during_the_export_s_jdbc_read_is_one_line_and_nothing_is_
         assert export(spark, dsn, "public.orders", lake_root).status == "exported"
 
 
+def test_an_error_no_check_foresaw_is_one_line_naming_its_kept_traceback(spark, tmp_path):
+    """Before, only verify said so in one line: every other job printed the traceback (exit 1). Here
+    the error is real and unforeseen by the export: a pause point whose folder does not exist."""
+    lake_root = str(tmp_path / "lake")
+    kept = tmp_path / "tracebacks"
+    kept.mkdir()
+    with server_with_orders(tmp_path / "server", rows=100) as (_, dsn):
+        with pg.connect(dsn) as conn:
+            dirty = dirty_ids(conn, "public.orders")
+        done = spark_submit_export(dsn, lake_root, "--table", "public.orders", env={
+            "COLDHARBOR_PAUSE_AT": "before_jdbc_read", "COLDHARBOR_PAUSE_DIR": str(tmp_path / "no such folder"),
+            "COLDHARBOR_TRACEBACK_DIR": str(kept)})
+        assert done.returncode == 1, done.stdout[-3000:]
+        line = one_error_line(done.stdout)
+        assert "cdc_export failed: an error no check foresaw (at coldharbor/faults.py:" in line
+        assert "FileNotFoundError" in line and "its traceback is in " in line
+        [traceback_file] = kept.iterdir()
+        assert line.endswith(str(traceback_file)) and "Traceback (most recent call last)" in traceback_file.read_text()
+        with pg.connect(dsn) as conn:
+            assert dirty_ids(conn, "public.orders") == dirty
+        assert export(spark, dsn, "public.orders", lake_root).status == "exported"
+
+
 S3_UNREACHABLE = ["--conf", "spark.hadoop.fs.s3a.endpoint=http://127.0.0.1:{port}",
                   "--conf", "spark.hadoop.fs.s3a.endpoint.region=us-east-1",
                   "--conf", "spark.hadoop.fs.s3a.path.style.access=true",

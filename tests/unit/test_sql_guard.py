@@ -81,6 +81,24 @@ def test_tables_resolve_to_their_views_keeping_aliases_and_clauses():
         check_query("SELECT orders.id FROM orders TABLESAMPLE (10 PERCENT)", REGISTERED)
 
 
+MIXED = RegisteredTable(4, "public", "CaseT", ("id",), None, (), ())
+LOWER = RegisteredTable(5, "public", "caset", ("id",), None, (), ())
+
+
+@pytest.mark.parametrize("order", [[MIXED, LOWER], [LOWER, MIXED]], ids=["mixed first", "lower first"])
+def test_tables_whose_names_differ_only_in_case_are_told_apart_by_the_exact_spelling(order):
+    """Before, the second registered overwrote the first: `public.CaseT` read public.caset (20 rows
+    for 10), and which one it read depended on the order of registration."""
+    for sql, table_id in [("SELECT * FROM public.CaseT", 4), ("SELECT * FROM `public`.`CaseT`", 4),
+                          ("SELECT * FROM CaseT", 4), ("SELECT * FROM public.caset", 5), ("SELECT * FROM caset", 5)]:
+        assert [t.table_id for t in check_query(sql, order).tables] == [table_id], sql
+    for sql in ["SELECT * FROM public.CASET", "SELECT * FROM Caset"]:
+        with pytest.raises(ReportError, match="differ only in case; write the name in its exact case"):
+            check_query(sql, order)
+    # one table alone answers to any case, as Spark's names do
+    assert [t.table_id for t in check_query("SELECT * FROM PUBLIC.CASET", [MIXED]).tables] == [4]
+
+
 def test_a_bare_name_in_two_schemas_must_be_qualified():
     with pytest.raises(ReportError, match="table name orders is ambiguous"):
         check_query("SELECT * FROM orders", [ORDERS, OTHER_ORDERS])

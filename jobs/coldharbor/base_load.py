@@ -274,19 +274,23 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     # refused base leaves nothing behind.
     lake.ensure_writable(spark, path)
     lake.require_own_lake(spark, path, app_id, table.quoted_name)
-    change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
-                                table.qualified_name)
-    keys = [c.name for c in columns if c.is_key]
-    # A lake table already there (a resync, or a load into a location used before) keeps its rows:
-    # the base outranks them key by key, and marks the keys PostgreSQL no longer has deleted.
-    lake_keys = lake_sequences(spark, path, keys)
-    if lake_keys is not None:
-        advance_change_sequence(conn, lake_keys, table, path)
+    # Another relation registered under the name (sql/017) owns none of the lake's rows, evicted ones
+    # included (sql/018): its base replaces them, whatever its columns, key and their types.
+    replace = answers_new_relation(conn, table.table_id)
+    change, lake_keys = lake.SchemaChange((), ()), None
+    if not replace:
+        change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
+                                    table.qualified_name)
+        # A lake table already there (a resync, or a load into a location used before) keeps its rows:
+        # the base outranks them key by key, and marks the keys PostgreSQL no longer has deleted.
+        lake_keys = lake_sequences(spark, path, [c.name for c in columns if c.is_key])
+        if lake_keys is not None:
+            advance_change_sequence(conn, lake_keys, table, path)
     batch_id, token = begin(conn, table, kind, run_id, lake.committed_txn_version(spark, path, app_id))
     hook(f"{points}_after_intent")
     try:
         _read_and_append(spark, conn, jdbc, table, columns, path, kind, run_id, batch_id, token, lake_keys,
-                         change, hook, points)
+                         change, hook, points, replace)
     except Exception as exc:
         if not pg.lock_timed_out(exc):
             raise
@@ -305,8 +309,9 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
 def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
                      columns: Sequence[LakeColumn], path: str, kind: str, run_id: str, batch_id: int, token: str,
                      lake_keys: DataFrame | None, change: lake.SchemaChange, hook: faults.Hook,
-                     points: str) -> None:
-    """Reads the table in one exported snapshot and appends the base in one Delta commit."""
+                     points: str, replace: bool = False) -> None:
+    """Reads the table in one exported snapshot and appends the base in one Delta commit (`replace`:
+    the commit holds the base alone)."""
     app_id = lake.export_app_id(table.table_id)
     with conn.transaction():
         # The exporting transaction stays open until the write's tasks have imported its snapshot.
@@ -323,7 +328,7 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
         lake_values.refuse_in_table(conn, table, columns, LOAD_REFUSED)
         hook(f"{points}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
-        tiered = keeps_lake_only_rows(conn, table) and not answers_new_relation(conn, table.table_id)
+        tiered = keeps_lake_only_rows(conn, table) and not replace
         rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=tiered)
                 .transform(to_lake_rows(columns, batch_id, datetime.now(timezone.utc))))
         rows = faults.inside_tasks(rows, f"{points}_during_write")
@@ -338,7 +343,7 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
                                         "snapshot_at": snapshot.taken_at.isoformat(),
                                         "rebase_serial": rebase_serial},
                               add_columns=bool(change.added or change.metadata_added),
-                              stats_columns=[*table.key_columns, *table.sort_by])
+                              stats_columns=[*table.key_columns, *table.sort_by], replace=replace)
 
 
 def has_evicted_rows(conn: psycopg.Connection, table_id: int) -> bool:
@@ -357,8 +362,8 @@ def keeps_lake_only_rows(conn: psycopg.Connection, table: RegisteredTable) -> bo
 
 def answers_new_relation(conn: psycopg.Connection, table_id: int) -> bool:
     """Whether the base answers the registration of another relation under the table's name (sql/017):
-    the lake's keys are then the old table's, none of them evicted by the new one, so even a tiered
-    table's base marks deleted every lake key the new table does not hold."""
+    the lake's rows are then the old table's, none of them evicted by the new one, so even a tiered
+    table's base replaces them all (and the new table may have other columns, key and types)."""
     return conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.rebases WHERE table_id = %s "
                         "AND settled_at IS NULL AND new_relation)", (table_id,)).fetchone()[0]
 

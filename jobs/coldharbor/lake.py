@@ -70,22 +70,46 @@ def ensure_writable(spark: SparkSession, path: str) -> None:
 
 def append_batch(rows: DataFrame, path: str, *, app_id: str, batch_id: int,
                  partition_by: Sequence[str], metadata: Mapping[str, object], add_columns: bool = False,
-                 stats_columns: Sequence[str] = ()) -> None:
+                 stats_columns: Sequence[str] = (), replace: bool = False) -> None:
     """One Delta commit holding the batch; a second call with the same batch id changes nothing.
 
     With `add_columns` the commit also adds the columns the rows have and the table lacks. A commit
-    that creates the table limits its file statistics to `stats_columns` when some are given.
+    that creates the table limits its file statistics to `stats_columns` when some are given. With
+    `replace` the commit holds the batch alone, with its columns and partitioning (the earlier
+    versions stay in the history until cleanup).
     """
-    writer = (rows.write.format("delta").mode("append")
-              .option("mergeSchema", str(add_columns).lower())
+    writer = (rows.write.format("delta").mode("overwrite" if replace else "append")
+              .option("overwriteSchema", str(replace).lower())
+              .option("mergeSchema", str(add_columns and not replace).lower())
               .option("txnAppId", app_id)
               .option("txnVersion", batch_id)
               .option("userMetadata", json.dumps(dict(metadata), sort_keys=True)))
-    if stats_columns and not lake_store.is_delta_table(path):
+    exists = lake_store.is_delta_table(path)
+    wanted = None
+    if stats_columns and (replace or not exists):
         types = {f.name: f.dataType.typeName() for f in rows.schema.fields}
         skippable = [c for c in stats_columns if types.get(c) not in NO_STATISTICS_TYPES]
-        writer = writer.option(STATS_COLUMNS_PROPERTY, stats_property(skippable, partition_by))
+        wanted = stats_property(skippable, partition_by)
+        writer = writer.option(STATS_COLUMNS_PROPERTY, wanted)
+    if replace and exists:
+        # The table's statistics columns name its old columns, which Delta checks the new schema
+        # against; the replacing commit's own are set after it (a writer option applies at creation).
+        _set_property(rows.sparkSession, path, STATS_COLUMNS_PROPERTY, None)
     _save(writer, path, partition_by, "the Delta commit to")
+    if replace and exists and wanted:
+        _set_property(rows.sparkSession, path, STATS_COLUMNS_PROPERTY, wanted)
+
+
+def _set_property(spark: SparkSession, path: str, name: str, value: str | None) -> None:
+    """Sets (None: unsets) a property of the Delta table at `path`. ALTER TABLE names a table by path
+    only as an identifier: the jobs that write the lake run no report SQL, so path identifiers may be
+    on for this statement."""
+    from coldharbor.spark import temporary_conf
+
+    change = (f"UNSET TBLPROPERTIES IF EXISTS ('{name}')" if value is None
+              else "SET TBLPROPERTIES ('" + name + "' = '" + value.replace("\\", "\\\\").replace("'", "\\'") + "')")
+    with temporary_conf(spark, {"spark.sql.runSQLOnFiles": "true"}):
+        spark.sql(f"ALTER TABLE {path_identifier(path)} {change}")
 
 
 # Delta computes min/max/null statistics of the first 32 columns of every file it writes, which is

@@ -178,6 +178,19 @@ def shown(value: object) -> str:
     return str(value)
 
 
+def refuse_missing_lake(conn: psycopg.Connection, table: RegisteredTable, path: str) -> None:
+    """No lake table at `path`, although a batch of the table landed there: the unified view would be
+    PostgreSQL alone, and comparing it with PostgreSQL would say "in sync" of a lake that is not
+    there (a mistyped --lake-root, a removed folder). An empty table's load writes no lake table."""
+    landed = conn.execute("SELECT max(finished_at) FROM coldharbor.export_batches WHERE table_id = %s "
+                          "AND state = 'flushed'", (table.table_id,)).fetchone()[0]
+    if landed is not None:
+        raise LakeUnavailableError(
+            f"the lake table of {table.qualified_name} is missing at {path}, but batches of it landed there "
+            f"(the last at {landed}); the lake location (--lake-root, COLDHARBOR_LAKE_ROOT) is wrong or the "
+            "folder was removed: nothing to verify")
+
+
 def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
                  config: VerifyConfig) -> VerifyResult:
     path = table.lake_path(config.lake_root)
@@ -193,6 +206,8 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
     registry.require_privileges(conn, table)
     columns = registry.lake_columns(conn, table)
     version = lake.pin_version(spark, path)
+    if version is None:
+        refuse_missing_lake(conn, table, path)
     refuse_if_lake_ahead(spark, conn, table, path)
     utf8 = verify_digests.server_is_utf8(conn)
     with conn.transaction():

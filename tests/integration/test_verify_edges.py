@@ -130,3 +130,25 @@ def test_an_error_no_check_foresaw_is_one_line_and_exit_2_never_1(spark, pg_dsn,
     assert pg_conn.execute("SELECT state FROM coldharbor.maintenance_runs WHERE kind = 'verify' AND table_id = "
                            "(SELECT table_id FROM coldharbor.tables WHERE table_name = %s)",
                            (table_name,)).fetchall() == [("failed",)]
+
+
+def test_a_lake_root_that_holds_no_lake_table_of_a_loaded_table_is_refused(
+        spark, pg_dsn, pg_conn, table_name, lake_root, tmp_path, monkeypatch, caplog):
+    """Before, while only the initial load had reached the lake, verify against a mistyped lake root
+    read the table from PostgreSQL alone and compared it with PostgreSQL: "in sync: 42 rows"."""
+    edge_table(pg_conn, table_name, *EDGE_KEYS[5])  # bigint
+    assert export(spark, pg_dsn, table_name, lake_root).status == "loaded"
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    elsewhere = str(tmp_path / "no lake here")
+
+    assert verify.main(["--table", table_name, "--lake-root", elsewhere]) == 2
+    [line] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert line.startswith(f"verify failed: the lake table of public.{table_name} is missing at {elsewhere}/public/"
+                           f"{table_name}, but batches of it landed there (the last at "), line
+    assert verify.main(["--table", table_name, "--lake-root", lake_root]) == 0
+
+    # an empty table's load writes no lake table: nothing is missing
+    pg_conn.execute(f"CREATE TABLE empty_{table_name} (k bigint PRIMARY KEY, v text)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (f"empty_{table_name}",))
+    export(spark, pg_dsn, f"empty_{table_name}", lake_root)
+    assert verify.main(["--table", f"empty_{table_name}", "--lake-root", lake_root]) == 0

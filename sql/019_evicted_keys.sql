@@ -16,8 +16,8 @@
 --    the ones the hot rows had: a `USING` on another column is applied to the rows PostgreSQL
 --    holds, as an UPDATE of them would be). Which statement rewrote what is seen by comparing,
 --    per table with evicted rows, its relation files and its key columns' catalog rows before the
---    statement (ddl_command_start) and after it (ddl_command_end); only the catalog is read, never
---    the table.
+--    statement (ddl_command_start, kept in coldharbor.ddl_keys_before) and after it
+--    (ddl_command_end); only the catalog is read, never the table.
 -- 2. `registered_tables_of` found a registration whose relation was dropped (`dropped_at`) when
 --    PostgreSQL gave its oid to a new relation: DDL on that unrelated relation was refused or sent
 --    the old registration back to pending. A dropped registration owns no relation now.
@@ -135,18 +135,31 @@ BEGIN
 END;
 $$;
 
--- ddl_command_start of any DDL: what each table with evicted rows looks like before the statement
--- (catalog reads only). Kept for the session, not the transaction: a SET LOCAL made inside a
--- function with a SET clause ends with the function. Every statement sets it anew before its end.
+-- What each table with evicted rows looked like when the current DDL statement of a backend began.
+-- A table only the owner writes, not a session setting: a statement's own code (a USING expression,
+-- a default) could change a setting between the statement's start and its end.
+CREATE UNLOGGED TABLE coldharbor.ddl_keys_before (
+    backend_pid integer PRIMARY KEY,
+    tables      jsonb   NOT NULL     -- table_id -> key_watch(table_id)
+);
+
+-- ddl_command_start of any DDL (catalog reads only; a row written only while some table has
+-- evicted rows).
 CREATE FUNCTION coldharbor.watch_evicted_keys()
 RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM set_config('coldharbor.evicted_keys_before', coalesce(
-        (SELECT jsonb_object_agg(t.table_id::text, coldharbor.key_watch(t.table_id))
-           FROM coldharbor.tables t
-          WHERE t.evicted_at IS NOT NULL AND t.source_kind = 'table' AND t.dropped_at IS NULL
-            AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.relid)), '{}')::text, false);
+    -- Nothing evicted: the table is not touched (a row left from before is read only for a table
+    -- with evicted rows, which writes a new one first).
+    IF NOT EXISTS (SELECT 1 FROM coldharbor.tables WHERE evicted_at IS NOT NULL) THEN
+        RETURN;
+    END IF;
+    DELETE FROM coldharbor.ddl_keys_before WHERE backend_pid = pg_backend_pid();
+    INSERT INTO coldharbor.ddl_keys_before (backend_pid, tables)
+    SELECT pg_backend_pid(), coalesce(jsonb_object_agg(t.table_id::text, coldharbor.key_watch(t.table_id)), '{}')
+      FROM coldharbor.tables t
+     WHERE t.evicted_at IS NOT NULL AND t.source_kind = 'table' AND t.dropped_at IS NULL
+       AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.relid);
 END;
 $$;
 
@@ -157,15 +170,20 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_table  integer;
     v_reason text;
-    v_before jsonb := coalesce(nullif(current_setting('coldharbor.evicted_keys_before', true), ''), '{}')::jsonb;
+    v_before jsonb;
 BEGIN
     FOR v_table IN
         SELECT DISTINCT coldharbor.registered_tables_of(c.objid)
           FROM pg_event_trigger_ddl_commands() c
          WHERE c.classid = 'pg_class'::regclass
     LOOP
-        v_reason := coalesce(coldharbor.evicted_rows_refusal(v_table),
-                             coldharbor.evicted_keys_refusal(v_table, v_before -> v_table::text));
+        v_reason := coldharbor.evicted_rows_refusal(v_table);
+        IF v_reason IS NULL AND (SELECT evicted_at IS NOT NULL FROM coldharbor.tables WHERE table_id = v_table) THEN
+            SELECT b.tables -> v_table::text INTO v_before
+              FROM coldharbor.ddl_keys_before b WHERE b.backend_pid = pg_backend_pid();
+            -- none: the table had no evicted rows when the statement began
+            v_reason := coldharbor.evicted_keys_refusal(v_table, v_before);
+        END IF;
         IF v_reason IS NOT NULL THEN
             RAISE EXCEPTION '%', v_reason
                 USING ERRCODE = 'feature_not_supported',

@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from coldharbor import faults, lake, lake_values, pg, registry, table_reader
-from coldharbor.errors import LakeUnavailableError, TableBusyError
+from coldharbor.errors import ConfigError, LakeUnavailableError, TableBusyError
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, latest_per_key, to_lake_rows
 from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.unified import table_contract
@@ -274,16 +274,13 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     # refused base leaves nothing behind.
     lake.ensure_writable(spark, path)
     lake.require_own_lake(spark, path, app_id, table.quoted_name)
-    # Another relation registered under the name (sql/017) owns none of the lake's rows, evicted ones
-    # included (sql/018): its base replaces them, whatever its columns, key and their types.
-    replace = answers_new_relation(conn, table.table_id)
-    change, lake_keys = lake.SchemaChange((), ()), None
+    keys = [c.name for c in columns if c.is_key]
+    change, replace = base_schema_change(spark, conn, table, columns, path)
+    lake_keys = None
     if not replace:
-        change = lake.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
-                                    table.qualified_name)
         # A lake table already there (a resync, or a load into a location used before) keeps its rows:
         # the base outranks them key by key, and marks the keys PostgreSQL no longer has deleted.
-        lake_keys = lake_sequences(spark, path, [c.name for c in columns if c.is_key])
+        lake_keys = lake_sequences(spark, path, keys)
         if lake_keys is not None:
             advance_change_sequence(conn, lake_keys, table, path)
     batch_id, token = begin(conn, table, kind, run_id, lake.committed_txn_version(spark, path, app_id))
@@ -304,6 +301,27 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
         raise LakeUnavailableError(f"the {kind} of {table.qualified_name} was written to {path} but its commit "
                                    "is not in the Delta history; nothing was recorded")
     return landed
+
+
+def base_schema_change(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable,
+                       columns: Sequence[LakeColumn], path: str) -> tuple[lake.SchemaChange, bool]:
+    """How the base's columns differ from the lake table's, and whether the base replaces the lake's
+    rows. Another relation registered under the name (sql/017) owns none of them, evicted ones
+    included (sql/018): when the lake table cannot take its rows beside them (a key column it lacks,
+    a type it cannot widen to), its base replaces them, and as-of history starts again there (as for
+    a lake moved aside). Otherwise the base outranks them key by key, so instants before it are still
+    answered. Any other table with a type the lake cannot widen to is refused (ConfigError)."""
+    wanted = spark.range(0).transform(table_contract(columns)).schema
+    try:
+        change = lake.schema_change(spark, path, wanted, table.qualified_name)
+    except ConfigError:
+        if not answers_new_relation(conn, table.table_id):
+            raise
+        return lake.SchemaChange((), ()), True
+    lacks_key = any(c.is_key and c.name in change.added for c in columns)
+    if lacks_key and answers_new_relation(conn, table.table_id):
+        return lake.SchemaChange((), ()), True
+    return change, False
 
 
 def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
@@ -328,7 +346,7 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
         lake_values.refuse_in_table(conn, table, columns, LOAD_REFUSED)
         hook(f"{points}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
-        tiered = keeps_lake_only_rows(conn, table) and not replace
+        tiered = keeps_lake_only_rows(conn, table) and not answers_new_relation(conn, table.table_id)
         rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=tiered)
                 .transform(to_lake_rows(columns, batch_id, datetime.now(timezone.utc))))
         rows = faults.inside_tasks(rows, f"{points}_during_write")
@@ -341,7 +359,7 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
                               metadata={"app_id": app_id, "batch_id": batch_id, "run_id": run_id, "kind": kind,
                                         "table": table.qualified_name, "commit_token": token,
                                         "snapshot_at": snapshot.taken_at.isoformat(),
-                                        "rebase_serial": rebase_serial},
+                                        "rebase_serial": rebase_serial, "replaces": replace},
                               add_columns=bool(change.added or change.metadata_added),
                               stats_columns=[*table.key_columns, *table.sort_by], replace=replace)
 
@@ -370,7 +388,8 @@ def answers_new_relation(conn: psycopg.Connection, table_id: int) -> bool:
 
 def starts_lake(kind: str, version: int) -> bool:
     """Whether a base starts the history of the lake table it landed in: an initial load, or any
-    base that is the table's first Delta commit (the lake table was moved aside, or never written).
+    base that is the table's first Delta commit (the lake table was moved aside, or never written);
+    a base that replaced the lake's rows does too (its commit's `replaces`).
     As-of reports start there (`loaded_at`): the lake there now knows nothing earlier."""
     return kind == "load" or version == 0
 
@@ -397,7 +416,8 @@ def finish_if_committed(spark: SparkSession, conn: psycopg.Connection, table: Re
                                loaded_version = CASE WHEN %(load)s THEN %(version)s ELSE loaded_version END,
                                loaded_at = CASE WHEN %(load)s THEN %(at)s ELSE loaded_at END
                          WHERE table_id = %(table)s""",
-                     {"version": version, "at": snapshot_at, "rows": rows, "load": starts_lake(kind, version),
+                     {"version": version, "at": snapshot_at, "rows": rows,
+                      "load": starts_lake(kind, version) or meta.get("replaces", False),
                       "table": table.table_id, "serial": meta.get("rebase_serial", 0)})
     log.info("%s: %s landed as Delta version %s: %s rows read in the snapshot of %s", table.qualified_name,
              kind, version, rows, snapshot_at.isoformat())

@@ -88,6 +88,7 @@ def test_a_table_created_again_with_another_key_registered_again_and_resynced_is
         if step:
             pg_conn.execute(f"UPDATE {t} SET v = 'changed {step}' WHERE v <> 'x' AND random() < 0.3")
         assert export_job.main(["--table", f"public.{name}", "--lake-root", lake_root]) == 0
+    before_the_drop = pg_conn.execute("SELECT clock_timestamp()").fetchone()[0]
     pg_conn.execute(f"UPDATE {t} SET v = 'dirty at the drop' WHERE random() < 0.2")
     path = f"{lake_root}/public/{name}"
 
@@ -100,6 +101,14 @@ def test_a_table_created_again_with_another_key_registered_again_and_resynced_is
         pg_conn, f"SELECT * FROM {t}", keys)))  # the old table's keys are gone, whatever their type
     stats = spark.sql(f"DESCRIBE DETAIL {lake.path_literal(path)}").first()["properties"][lake.STATS_COLUMNS_PROPERTY]
     assert stats.startswith(",".join(f"`{k}`" for k in keys) + ",`_ch_seq`"), stats  # the new key's statistics
+    # a base that replaced the old table's rows starts as-of history; one beside them answers before it
+    run = f"a{uuid.uuid4().hex[:10]}"
+    replaced = new_ddl != old_ddl
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT * FROM public.`{name}`", "--target",
+                        f"adhoc_{run}", "--run-id", run, "--as-of", before_the_drop.isoformat()) == (
+        2 if replaced else 0), report_run(pg_conn, run)
+    assert not replaced or "and the lake knows nothing earlier" in report_run(pg_conn, run)["error"]
+    caplog.clear()
 
     record = report_equals_postgres(monkeypatch, pg_conn, pg_dsn, lake_root, name, keys)
     assert record["dirty_rows"] == {f"public.{name}": 0} and not record["served_from_postgres"]

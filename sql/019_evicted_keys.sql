@@ -9,8 +9,9 @@
 --    statement that rewrites the table and changes a key column's definition is refused unless it
 --    is known to keep every key: a single plain `ALTER TABLE t ALTER [COLUMN] k [SET DATA] TYPE x`,
 --    sent on its own with no USING and no other subcommand, to a type the key's values cast to
---    unchanged (key_cast_keeps_values: a wider integer; text, varchar or char to text or to an
---    unbounded varchar; varchar or char to one no shorter; the same type with no smaller modifier).
+--    unchanged (key_cast_keeps_values: a wider integer; text or varchar to text or to an unbounded
+--    varchar; varchar to one no shorter; the same type with no smaller modifier; a char(n) key, which
+--    the lake holds padded to n, keeps its type and length).
 --    A key type change PostgreSQL makes without a rewrite (varchar(10) -> text) changes no value
 --    and goes through; so does every rewrite that leaves the key columns alone (their values are
 --    the ones the hot rows had: a `USING` on another column is applied to the rows PostgreSQL
@@ -18,6 +19,10 @@
 --    per table with evicted rows, its relation files and its key columns' catalog rows before the
 --    statement (ddl_command_start, kept in coldharbor.ddl_keys_before) and after it
 --    (ddl_command_end); only the catalog is read, never the table.
+--    A table with a hot retention is pictured too: an eviction may commit while the statement waits
+--    for its lock. `ALTER TYPE ... CASCADE` on the composite type of a typed table (CREATE TABLE t
+--    OF type) reports the type alone: both DDL triggers also take the typed tables of a type the
+--    command touched (ddl_touched_tables), so its renames and key rewrites are seen.
 -- 2. `registered_tables_of` found a registration whose relation was dropped (`dropped_at`) when
 --    PostgreSQL gave its oid to a new relation: DDL on that unrelated relation was refused or sent
 --    the old registration back to pending. A dropped registration owns no relation now.
@@ -36,6 +41,50 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT t.table_id FROM coldharbor.tables t
      WHERE t.source_kind = 'table' AND t.relid IS NOT NULL AND t.dropped_at IS NULL
        AND (t.relid = p_rel OR t.relid IN (SELECT a FROM pg_partition_ancestors(p_rel::regclass) a))
+$$;
+
+-- The registered tables the DDL command being ended touched: relations it names (a partition's
+-- registered ancestor included), and the typed tables (CREATE TABLE ... OF type) of a composite type
+-- it altered (`ALTER TYPE ... CASCADE` reports the type alone, not the tables it rewrites).
+CREATE FUNCTION coldharbor.ddl_touched_tables()
+RETURNS SETOF integer
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT DISTINCT coldharbor.registered_tables_of(r.rel)
+      FROM pg_event_trigger_ddl_commands() c,
+           LATERAL (SELECT c.objid AS rel WHERE c.classid = 'pg_class'::regclass
+                    UNION ALL
+                    SELECT typed.oid FROM pg_class typed
+                     WHERE typed.reloftype <> 0
+                       AND typed.reloftype = CASE WHEN c.classid = 'pg_type'::regclass THEN c.objid
+                                                  WHEN c.classid = 'pg_class'::regclass
+                                                  THEN (SELECT x.reltype FROM pg_class x WHERE x.oid = c.objid) END) r
+$$;
+
+-- As sql/014's (with 018's reach, every DDL command), and the tables it touched as above.
+CREATE OR REPLACE FUNCTION coldharbor.rebase_on_ddl()
+RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_table integer;
+    v_reason text;
+BEGIN
+    IF TG_EVENT = 'table_rewrite' THEN
+        FOR v_table IN SELECT coldharbor.registered_tables_of(pg_event_trigger_table_rewrite_oid()) LOOP
+            PERFORM coldharbor.request_rebase(v_table, format(
+                'ALTER TABLE rewrote %s (a type change, a volatile default or a stored generated column): its '
+                'rows may all have changed', pg_event_trigger_table_rewrite_oid()::regclass));
+        END LOOP;
+        RETURN;
+    END IF;
+    FOR v_table IN SELECT coldharbor.ddl_touched_tables() LOOP
+        v_reason := coldharbor.rebase_reason_for(v_table);
+        IF v_reason IS NOT NULL THEN
+            PERFORM coldharbor.request_rebase(v_table, v_reason);
+        END IF;
+        UPDATE coldharbor.tables SET columns_seen = coldharbor.columns_seen_after(columns_seen, relid)
+         WHERE table_id = v_table;
+    END LOOP;
+END;
 $$;
 
 -- 1. What a statement may change under table p_table_id, from the catalog alone: its relation files
@@ -66,13 +115,15 @@ CREATE FUNCTION coldharbor.key_cast_keeps_values(p_from oid, p_from_mod integer,
 RETURNS boolean
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE
+        -- the lake holds a char(n) key padded to n: any other type or length is another key
+        WHEN p_from = 'character'::regtype OR p_to = 'character'::regtype THEN p_from = p_to AND p_to_mod = p_from_mod
         WHEN p_from = p_to AND p_to = 'numeric'::regtype THEN
             p_to_mod = -1 OR (p_from_mod <> -1 AND ((p_to_mod - 4) & 65535) = ((p_from_mod - 4) & 65535)
                               AND ((p_to_mod - 4) >> 16) >= ((p_from_mod - 4) >> 16))
         WHEN p_from = p_to THEN p_to_mod = -1 OR (p_from_mod <> -1 AND p_to_mod >= p_from_mod)
         WHEN p_from IN ('smallint'::regtype, 'integer'::regtype) AND p_to IN ('integer'::regtype, 'bigint'::regtype) THEN
             p_from = 'smallint'::regtype OR p_to = 'bigint'::regtype
-        WHEN p_from IN ('text'::regtype, 'character varying'::regtype, 'character'::regtype)
+        WHEN p_from IN ('text'::regtype, 'character varying'::regtype)
          AND p_to IN ('text'::regtype, 'character varying'::regtype) THEN
             p_to_mod = -1 OR (p_from <> 'text'::regtype AND p_from_mod <> -1 AND p_to_mod >= p_from_mod)
         ELSE false
@@ -107,10 +158,20 @@ DECLARE
     was   jsonb;
     cur   jsonb;
 BEGIN
+    SELECT * INTO t FROM coldharbor.tables WHERE table_id = p_table_id;
     IF p_before IS NULL THEN
+        -- No picture: nothing was evicted and no retention set when the statement began. Rows were
+        -- evicted since (while it waited for its lock): refused if it changed a key column.
+        IF EXISTS (SELECT 1 FROM pg_attribute a
+                    WHERE a.attrelid = t.relid AND a.attname = ANY (t.key_columns)
+                      AND a.xmin = pg_current_xact_id()::xid) THEN
+            RETURN format('cannot change key column %s of %I.%I now: rows were evicted from its hot tier (at %s) '
+                          'while the statement waited for its lock; run it again, and it is checked against them',
+                          (SELECT string_agg(quote_ident(k), ', ') FROM unnest(t.key_columns) k),
+                          t.schema_name, t.table_name, t.evicted_at);
+        END IF;
         RETURN NULL;
     END IF;
-    SELECT * INTO t FROM coldharbor.tables WHERE table_id = p_table_id;
     v_now := coldharbor.key_watch(p_table_id);
     IF (v_now ->> 'files') IS NOT DISTINCT FROM (p_before ->> 'files') THEN
         RETURN NULL;  -- nothing rewritten: no stored value changed
@@ -144,22 +205,22 @@ CREATE UNLOGGED TABLE coldharbor.ddl_keys_before (
 );
 
 -- ddl_command_start of any DDL (catalog reads only; a row written only while some table has
--- evicted rows).
+-- evicted rows or a hot retention: an eviction may commit while the statement waits for its lock).
 CREATE FUNCTION coldharbor.watch_evicted_keys()
 RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     -- Nothing evicted: the table is not touched (a row left from before is read only for a table
     -- with evicted rows, which writes a new one first).
-    IF NOT EXISTS (SELECT 1 FROM coldharbor.tables WHERE evicted_at IS NOT NULL) THEN
+    IF NOT EXISTS (SELECT 1 FROM coldharbor.tables WHERE evicted_at IS NOT NULL OR hot_retention IS NOT NULL) THEN
         RETURN;
     END IF;
     DELETE FROM coldharbor.ddl_keys_before WHERE backend_pid = pg_backend_pid();
     INSERT INTO coldharbor.ddl_keys_before (backend_pid, tables)
     SELECT pg_backend_pid(), coalesce(jsonb_object_agg(t.table_id::text, coldharbor.key_watch(t.table_id)), '{}')
       FROM coldharbor.tables t
-     WHERE t.evicted_at IS NOT NULL AND t.source_kind = 'table' AND t.dropped_at IS NULL
-       AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.relid);
+     WHERE (t.evicted_at IS NOT NULL OR t.hot_retention IS NOT NULL) AND t.source_kind = 'table'
+       AND t.dropped_at IS NULL AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.relid);
 END;
 $$;
 
@@ -172,11 +233,7 @@ DECLARE
     v_reason text;
     v_before jsonb;
 BEGIN
-    FOR v_table IN
-        SELECT DISTINCT coldharbor.registered_tables_of(c.objid)
-          FROM pg_event_trigger_ddl_commands() c
-         WHERE c.classid = 'pg_class'::regclass
-    LOOP
+    FOR v_table IN SELECT coldharbor.ddl_touched_tables() LOOP
         v_reason := coldharbor.evicted_rows_refusal(v_table);
         IF v_reason IS NULL AND (SELECT evicted_at IS NOT NULL FROM coldharbor.tables WHERE table_id = v_table) THEN
             SELECT b.tables -> v_table::text INTO v_before

@@ -243,7 +243,7 @@ def committed_or_fenced(spark: SparkSession, conn: psycopg.Connection, table: Re
     found = find()
     if found is None:
         with pg.lake_commit_lock(conn, table.table_id, path):
-            lake.fence_batch(spark, path, lake.export_app_id(table.table_id), batch_id, table.partition_by)
+            lake.fence_batch(spark, path, lake.export_app_id(table.table_id), batch_id)
         found = find()
     return found
 

@@ -261,15 +261,16 @@ def check_batch_id(recorded: int | None, batch_id: int, table: str) -> None:
                                               f"committed batch id {recorded}")
 
 
-def fence_batch(spark: SparkSession, path: str, app_id: str, batch_id: int, partition_by: Sequence[str] = ()
-                ) -> None:
+def fence_batch(spark: SparkSession, path: str, app_id: str, batch_id: int) -> None:
     """Makes sure batch `batch_id` can no longer commit: an empty commit that records it with Delta as
     written (txnAppId/txnVersion), or nothing when Delta has it already (it committed: look again).
 
     A write whose job died may still be running: a Spark Connect server carries an operation whose
     client is gone to its end. Its transaction read the app id's version, so any commit recording
     that app id makes it fail (ConcurrentTransactionException) instead of landing after the next run
-    gave the batch up. Before the table exists there is nothing to fence."""
+    gave the batch up. Before the table exists there is nothing to fence. The empty commit takes the
+    table's own partitioning: the registration's may differ (another relation registered under the
+    name, whose base replaces the lake table: `DELTA_PARTITION_COLUMN_NOT_FOUND` stuck it for good)."""
     if not lake_store.is_delta_table(path):
         return
     empty = spark.read.format("delta").load(path).limit(0)
@@ -277,7 +278,7 @@ def fence_batch(spark: SparkSession, path: str, app_id: str, batch_id: int, part
               .option("txnAppId", app_id)
               .option("txnVersion", batch_id)
               .option("userMetadata", json.dumps({"app_id": app_id, "fenced_batch_id": batch_id}, sort_keys=True)))
-    _save(writer, path, partition_by, f"fencing batch {batch_id} of")
+    _save(writer, path, (), f"fencing batch {batch_id} of")
 
 
 def batch_commit_entry(spark: SparkSession, path: str, app_id: str, batch_id: int, commit_token: str | None = None,

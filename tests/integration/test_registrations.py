@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from coldharbor import export as export_job
 from coldharbor import compaction, lake, purge, registry, resync, verify
 from coldharbor import cleanup as cleanup_job
-from tests.helpers import lake_live, pg_rows, report_run, serve_report
+from tests.helpers import lake_live, pg_rows, report_run, serve_report, spark_submit_export
 
 HOSTILE = ' "q\'s" <b>ü'  # quotes of each kind, spaces, HTML and a non-ASCII letter
 
@@ -301,3 +301,27 @@ def test_every_job_takes_the_name_as_its_messages_print_it(spark, pg_dsn, pg_con
     assert verify.main(["--table", t, "--lake-root", lake_root]) == 1
     out = capsys.readouterr().out
     assert "sample keys: (code='o''k 17', at=2026-01-18) has different values" in out, out
+
+
+@pytest.mark.parametrize("point", ["rebase_after_intent", "rebase_during_write"])
+def test_a_new_relation_s_base_killed_midway_is_finished_under_another_partitioning(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog, point):
+    """The next run fences the killed base's batch with an empty commit, which took the new
+    registration's partitioning: `DELTA_PARTITION_COLUMN_NOT_FOUND`, every export and resync refused
+    for good. The fence takes the lake table's own now."""
+    t = table_name
+    pg_conn.execute(f"CREATE TABLE {t} (id bigint PRIMARY KEY, customer text)")
+    pg_conn.execute(f"INSERT INTO {t} SELECT g, 'c' || g FROM generate_series(1, 120) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    assert export_job.main(["--table", t, "--lake-root", lake_root]) == 0
+    pg_conn.execute(f"DROP TABLE {t}")
+    pg_conn.execute(f"CREATE TABLE {t} (k text, r integer, v text, PRIMARY KEY (k, r))")
+    pg_conn.execute(f"INSERT INTO {t} SELECT 'k' || g, g % 3, 'v' FROM generate_series(1, 90) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_partition_by => '{r}')", (t,))
+
+    killed = spark_submit_export(pg_dsn, lake_root, "--table", t, env={"COLDHARBOR_CRASH_AT": point})
+    assert killed.returncode != 0, killed.stdout[-2000:]
+    assert export_job.main(["--table", t, "--lake-root", lake_root]) == 0, errors(caplog)
+    assert lake_live(spark, lake_root, t, ["k", "r"]) == pg_rows(pg_conn, f"SELECT * FROM {t}", ["k", "r"])
+    assert verify.main(["--table", t, "--lake-root", lake_root]) == 0, errors(caplog)

@@ -11,6 +11,9 @@ FOREIGN TABLE) reached no trigger at all before: the lake kept the old name for 
 
 from __future__ import annotations
 
+import threading
+import time
+
 import psycopg
 import pytest
 
@@ -371,7 +374,9 @@ def test_a_plain_widening_of_the_key_goes_through_after_evictions(
     (("integer", -1, "bigint", -1), True), (("bigint", -1, "integer", -1), False),
     (("character varying", 14, "character varying", 24), True), (("character varying", 24, "character varying", 14), False),
     (("character varying", 14, "text", -1), True), (("text", -1, "character varying", 14), False),
-    (("character", 9, "text", -1), True), (("text", -1, "character", 9), False),
+    (("character", 9, "text", -1), False), (("text", -1, "character", 9), False),
+    (("character", 10, "character", 12), False), (("character", 10, "character", 10), True),
+    (("character", 10, "character varying", -1), False),
     (("timestamp without time zone", 3, "timestamp without time zone", 6), True),
     (("timestamp without time zone", -1, "timestamp without time zone", 0), False),
     (("numeric", (12 << 16 | 2) + 4, "numeric", (14 << 16 | 2) + 4), True),
@@ -461,3 +466,80 @@ def test_a_rename_no_trigger_saw_is_reconciled(spark, pg_dsn, pg_conn, table_nam
     assert export(spark, pg_dsn, t, lake_root).status == "loaded"
     live = lake_live(spark, lake_root, t, ["id"])
     assert {k: r["buyer"] for k, r in live.items()} == {(g,): f"c{g}" for g in range(1, 51)}
+
+
+def test_a_char_key_keeps_its_type_and_length_after_evictions(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                              monkeypatch):
+    """The lake holds a char(n) key padded to n: `TYPE text` (or varchar, or a longer char) made every
+    hot key another one, 'k1' beside 'k1    ' (460 rows for 260), and went through."""
+    t = table_name
+    table = keyed_tiered_table(pg_conn, t, "id char(6) PRIMARY KEY, customer text, amount numeric(12,2), status text",
+                               ["id"])
+    in_the_lake(spark, pg_dsn, pg_conn, t, lake_root)
+    everything = pg_rows(pg_conn, f"SELECT * FROM {t}", ["id"])
+    assert evict_written_rows(pg_conn, table) == 60
+    for to in ("text", "varchar(6)", "char(8)"):
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="cannot rewrite key column id"):
+            pg_conn.execute(f"ALTER TABLE {t} ALTER COLUMN id TYPE {to}")
+    assert report(monkeypatch, pg_conn, pg_dsn, lake_root, t, f"c_{t}") == everything
+
+
+def test_a_typed_table_s_key_is_not_rewritten_through_its_type(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                               monkeypatch):
+    """`ALTER TYPE ... ALTER ATTRIBUTE ... CASCADE` rewrites the tables of the type (CREATE TABLE ...
+    OF) but reports the type alone: it reached neither trigger, and rounded every timestamp key."""
+    t = table_name
+    pg_conn.execute(f"CREATE TYPE {t}_row AS (ts timestamp(6), customer text, n integer)")
+    pg_conn.execute(f"CREATE TABLE {t} OF {t}_row (PRIMARY KEY (ts))")
+    key = "timestamp '2024-01-01' + g * interval '1 second' + interval '0.4 second'"
+    pg_conn.execute(f"INSERT INTO {t} SELECT {key}, 'c' || g, g FROM generate_series(1, 200) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => interval '1 hour')", (t,))
+    pg_conn.execute(f"INSERT INTO {t} SELECT {key}, 'late' || g, g FROM generate_series(201, 260) g")
+    [table] = registry.load(pg_conn, t)
+    exported_until_clean(spark, pg_dsn, t, lake_root)
+    everything = pg_rows(pg_conn, f"SELECT * FROM {t}", ["ts"])
+    assert lake_live(spark, lake_root, t, ["ts"]) == everything
+    assert evict_written_rows(pg_conn, table) == 60
+
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="cannot rewrite key column ts"):
+        pg_conn.execute(f"ALTER TYPE {t}_row ALTER ATTRIBUTE ts TYPE timestamp(0) CASCADE")
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="cannot rename column customer"):
+        pg_conn.execute(f"ALTER TYPE {t}_row RENAME ATTRIBUTE customer TO buyer CASCADE")
+    assert keyed_report(monkeypatch, pg_conn, pg_dsn, lake_root, f"SELECT * FROM {t}", ["ts"], f"t_{t}") == everything
+
+
+def test_a_key_rewrite_waiting_for_an_eviction_s_lock_is_checked_against_it(
+        spark, pg_dsn, pg_conn, admin_dsn, table_name, lake_root, monkeypatch):
+    """The statement's picture of the tables was taken before it waited for its lock, when nothing
+    was evicted yet: the eviction that committed meanwhile went unseen, and the USING rewrite went
+    through (460 rows for 260)."""
+    t = table_name
+    table = keyed_tiered_table(pg_conn, t, INT_KEYED, ["id"])
+    in_the_lake(spark, pg_dsn, pg_conn, t, lake_root)
+    everything = pg_rows(pg_conn, f"SELECT * FROM {t}", ["id"])
+    pg_conn.execute("""UPDATE coldharbor.change_log SET created_at = created_at - interval '2 hours',
+                       flushed_at = flushed_at - interval '2 hours' WHERE table_id = %s""", (table.table_id,))
+    outcome: dict = {}
+
+    def alter() -> None:
+        try:
+            with psycopg.connect(admin_dsn, autocommit=True) as conn:
+                conn.execute(f"ALTER TABLE {t} ALTER COLUMN id TYPE bigint USING id + 1000")
+            outcome["done"] = True
+        except psycopg.Error as exc:
+            outcome["refused"] = exc
+
+    with psycopg.connect(admin_dsn) as evictor:
+        assert evictor.execute("SELECT coldharbor.evict(%s, now())", (table.table_id,)).fetchone()[0] == 60
+        waiting = threading.Thread(target=alter)
+        waiting.start()
+        deadline = time.monotonic() + 30
+        while not pg_conn.execute("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                  "AND query LIKE 'ALTER TABLE %%USING id + 1000')").fetchone()[0]:
+            assert time.monotonic() < deadline and waiting.is_alive()
+            time.sleep(0.05)
+        evictor.commit()
+    waiting.join(60)
+    assert isinstance(outcome.get("refused"), psycopg.errors.FeatureNotSupported), outcome
+    assert pg_conn.execute(f"SELECT min(id) FROM {t}").fetchone()[0] == 1
+    assert report(monkeypatch, pg_conn, pg_dsn, lake_root, t, f"w_{t}") == everything

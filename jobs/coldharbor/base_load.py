@@ -37,6 +37,7 @@ from coldharbor import faults, lake, lake_values, pg, registry, table_reader
 from coldharbor.errors import ConfigError, LakeUnavailableError, TableBusyError
 from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, latest_per_key, to_lake_rows
 from coldharbor.registry import LakeColumn, RegisteredTable
+from coldharbor.spark import base_parallelism
 from coldharbor.unified import table_contract
 
 log = logging.getLogger(__name__)
@@ -345,7 +346,7 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
             rebase_serial = None
         lake_values.refuse_in_table(conn, table, columns, LOAD_REFUSED)
         hook(f"{points}_after_snapshot")
-        current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns)
+        current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns, base_parallelism(spark))
         tiered = keeps_lake_only_rows(conn, table) and not answers_new_relation(conn, table.table_id)
         rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=tiered)
                 .transform(to_lake_rows(columns, batch_id, datetime.now(timezone.utc))))

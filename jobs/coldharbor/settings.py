@@ -135,6 +135,7 @@ SPARK_REMOTE_WAIT_ENV = "COLDHARBOR_SPARK_REMOTE_WAIT_SECONDS"
 # exit 2): a scheduled job fails fast and is retried by its scheduler rather than hanging.
 DEFAULT_SPARK_REMOTE_WAIT_S = 15.0
 JDBC_READERS_ENV = "COLDHARBOR_JDBC_READERS"
+BASE_READERS_ENV = "COLDHARBOR_BASE_READERS"
 
 
 def spark_remote() -> str | None:
@@ -156,6 +157,14 @@ def jdbc_readers() -> int | None:
     """COLDHARBOR_JDBC_READERS: the JDBC readers of one PostgreSQL read, or None (Spark's default
     parallelism)."""
     readers = number_setting(JDBC_READERS_ENV, 0, "readers", lambda n: n in range(1, 1025),
+                             "a whole number from 1 to 1024")
+    return int(readers) or None
+
+
+def base_readers() -> int | None:
+    """COLDHARBOR_BASE_READERS: the JDBC readers of a base (an initial load, a rebase, a resync), or
+    None (one fewer than the cores: `spark.base_parallelism`)."""
+    readers = number_setting(BASE_READERS_ENV, 0, "readers", lambda n: n in range(1, 1025),
                              "a whole number from 1 to 1024")
     return int(readers) or None
 

@@ -328,15 +328,19 @@ def test_edge_values_load_exactly_and_one_table_the_lake_cannot_hold_fails_alone
         assert "\n" not in result.error and state_of(pg_conn, name).pending
 
 
-def test_a_plain_table_is_loaded_by_one_reader_per_core(spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
-    """Each reader reads its own block range and writes its own file. The size estimate once came
-    from pg_partition_tree() alone, which lists nothing for a table that is not partitioned: every
-    plain table was read by a single reader, half the machine idle."""
-    monkeypatch.setenv("COLDHARBOR_JDBC_READERS", "3")
+@pytest.mark.parametrize("setting, files", [("COLDHARBOR_BASE_READERS", 3), ("COLDHARBOR_JDBC_READERS", 2)],
+                         ids=["base readers", "one fewer than the cores"])
+def test_a_plain_table_is_loaded_by_its_base_readers(spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch,
+                                                    setting, files):
+    """Each reader reads its own block range and writes its own file: COLDHARBOR_BASE_READERS of
+    them, else one fewer than the cores (here 3, COLDHARBOR_JDBC_READERS), which leaves a core to the
+    application's writes. The size estimate once came from pg_partition_tree() alone, which lists
+    nothing for a table that is not partitioned: every plain table was read by a single reader."""
+    monkeypatch.setenv(setting, "3")
     filled_table(pg_conn, table_name, 20000)
     pg_conn.execute(f"UPDATE {table_name} SET status = 'paid' WHERE id % 1000 = 0")
     export(spark, pg_dsn, table_name, lake_root)
     base = lake_table(spark, lake_root, table_name).filter("_ch_seq = 0")
-    assert len(base.inputFiles()) == 3
+    assert len(base.inputFiles()) == files
     assert base.count() == 20000
     assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])

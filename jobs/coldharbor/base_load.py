@@ -276,7 +276,8 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     lake.ensure_writable(spark, path)
     lake.require_own_lake(spark, path, app_id, table.quoted_name)
     keys = [c.name for c in columns if c.is_key]
-    change, replace = base_schema_change(spark, conn, table, columns, path)
+    new_relation = answers_new_relation(conn, table.table_id)
+    change, replace = base_schema_change(spark, table, columns, path, new_relation)
     lake_keys = None
     if not replace:
         # A lake table already there (a resync, or a load into a location used before) keeps its rows:
@@ -288,7 +289,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     hook(f"{points}_after_intent")
     try:
         _read_and_append(spark, conn, jdbc, table, columns, path, kind, run_id, batch_id, token, lake_keys,
-                         change, hook, points, replace)
+                         change, hook, points, new_relation, replace)
     except Exception as exc:
         if not pg.lock_timed_out(exc):
             raise
@@ -304,8 +305,8 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     return landed
 
 
-def base_schema_change(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable,
-                       columns: Sequence[LakeColumn], path: str) -> tuple[lake.SchemaChange, bool]:
+def base_schema_change(spark: SparkSession, table: RegisteredTable, columns: Sequence[LakeColumn], path: str,
+                       new_relation: bool) -> tuple[lake.SchemaChange, bool]:
     """How the base's columns differ from the lake table's, and whether the base replaces the lake's
     rows. Another relation registered under the name (sql/017) owns none of them, evicted ones
     included (sql/018): when the lake table cannot take its rows beside them (a key column it lacks,
@@ -316,11 +317,10 @@ def base_schema_change(spark: SparkSession, conn: psycopg.Connection, table: Reg
     try:
         change = lake.schema_change(spark, path, wanted, table.qualified_name)
     except ConfigError:
-        if not answers_new_relation(conn, table.table_id):
+        if not new_relation:
             raise
         return lake.SchemaChange((), ()), True
-    lacks_key = any(c.is_key and c.name in change.added for c in columns)
-    if lacks_key and answers_new_relation(conn, table.table_id):
+    if new_relation and any(c.is_key and c.name in change.added for c in columns):
         return lake.SchemaChange((), ()), True
     return change, False
 
@@ -328,7 +328,7 @@ def base_schema_change(spark: SparkSession, conn: psycopg.Connection, table: Reg
 def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
                      columns: Sequence[LakeColumn], path: str, kind: str, run_id: str, batch_id: int, token: str,
                      lake_keys: DataFrame | None, change: lake.SchemaChange, hook: faults.Hook,
-                     points: str, replace: bool = False) -> None:
+                     points: str, new_relation: bool, replace: bool) -> None:
     """Reads the table in one exported snapshot and appends the base in one Delta commit (`replace`:
     the commit holds the base alone)."""
     app_id = lake.export_app_id(table.table_id)
@@ -347,7 +347,7 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
         lake_values.refuse_in_table(conn, table, columns, LOAD_REFUSED)
         hook(f"{points}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns, base_parallelism(spark))
-        tiered = keeps_lake_only_rows(conn, table) and not answers_new_relation(conn, table.table_id)
+        tiered = keeps_lake_only_rows(conn, table) and not new_relation
         rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=tiered)
                 .transform(to_lake_rows(columns, batch_id, datetime.now(timezone.utc))))
         rows = faults.inside_tasks(rows, f"{points}_during_write")
@@ -382,17 +382,18 @@ def keeps_lake_only_rows(conn: psycopg.Connection, table: RegisteredTable) -> bo
 def answers_new_relation(conn: psycopg.Connection, table_id: int) -> bool:
     """Whether the base answers the registration of another relation under the table's name (sql/017):
     the lake's rows are then the old table's, none of them evicted by the new one, so even a tiered
-    table's base replaces them all (and the new table may have other columns, key and types)."""
+    table's base marks deleted every lake key the new table lacks, or replaces them all when they
+    cannot stand beside its own (`base_schema_change`)."""
     return conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.rebases WHERE table_id = %s "
                         "AND settled_at IS NULL AND new_relation)", (table_id,)).fetchone()[0]
 
 
-def starts_lake(kind: str, version: int) -> bool:
+def starts_lake(kind: str, version: int, replaces: bool = False) -> bool:
     """Whether a base starts the history of the lake table it landed in: an initial load, or any
     base that is the table's first Delta commit (the lake table was moved aside, or never written);
     a base that replaced the lake's rows does too (its commit's `replaces`).
     As-of reports start there (`loaded_at`): the lake there now knows nothing earlier."""
-    return kind == "load" or version == 0
+    return kind == "load" or version == 0 or replaces
 
 
 def finish_if_committed(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
@@ -418,7 +419,7 @@ def finish_if_committed(spark: SparkSession, conn: psycopg.Connection, table: Re
                                loaded_at = CASE WHEN %(load)s THEN %(at)s ELSE loaded_at END
                          WHERE table_id = %(table)s""",
                      {"version": version, "at": snapshot_at, "rows": rows,
-                      "load": starts_lake(kind, version) or meta.get("replaces", False),
+                      "load": starts_lake(kind, version, meta.get("replaces", False)),
                       "table": table.table_id, "serial": meta.get("rebase_serial", 0)})
     log.info("%s: %s landed as Delta version %s: %s rows read in the snapshot of %s", table.qualified_name,
              kind, version, rows, snapshot_at.isoformat())

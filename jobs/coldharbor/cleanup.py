@@ -185,11 +185,7 @@ def _align_retention_property(spark: SparkSession, path: str, retention: timedel
     wanted = f"interval {int(retention.total_seconds())} seconds"
     current = spark.sql(f"DESCRIBE DETAIL {lake.path_literal(path)}").first()["properties"].get(RETENTION_PROPERTY)
     if current != wanted:
-        # ALTER TABLE names a table by path only as an identifier: maintenance runs no report SQL,
-        # so path identifiers may be on for this statement.
-        with temporary_conf(spark, {"spark.sql.runSQLOnFiles": "true"}):
-            spark.sql(f"ALTER TABLE {lake.path_identifier(path)} "
-                      f"SET TBLPROPERTIES ('{RETENTION_PROPERTY}' = '{wanted}')")
+        lake.set_table_property(spark, path, RETENTION_PROPERTY, wanted)
         log.info("%s: %s set to %s (was %s)", path, RETENTION_PROPERTY, wanted, current or "the default")
 
 

@@ -94,16 +94,16 @@ def append_batch(rows: DataFrame, path: str, *, app_id: str, batch_id: int,
     if replace and exists:
         # The table's statistics columns name its old columns, which Delta checks the new schema
         # against; the replacing commit's own are set after it (a writer option applies at creation).
-        _set_property(rows.sparkSession, path, STATS_COLUMNS_PROPERTY, None)
+        set_table_property(rows.sparkSession, path, STATS_COLUMNS_PROPERTY, None)
     _save(writer, path, partition_by, "the Delta commit to")
     if replace and exists and wanted:
-        _set_property(rows.sparkSession, path, STATS_COLUMNS_PROPERTY, wanted)
+        set_table_property(rows.sparkSession, path, STATS_COLUMNS_PROPERTY, wanted)
 
 
-def _set_property(spark: SparkSession, path: str, name: str, value: str | None) -> None:
+def set_table_property(spark: SparkSession, path: str, name: str, value: str | None) -> None:
     """Sets (None: unsets) a property of the Delta table at `path`. ALTER TABLE names a table by path
-    only as an identifier: the jobs that write the lake run no report SQL, so path identifiers may be
-    on for this statement."""
+    only as an identifier: the jobs that write the lake (export, maintenance) run no report SQL, so
+    path identifiers may be on for this statement."""
     from coldharbor.spark import temporary_conf
 
     change = (f"UNSET TBLPROPERTIES IF EXISTS ('{name}')" if value is None

@@ -26,6 +26,10 @@ AS_TEXT = {"uuid", "json", "jsonb"}
 JDBC_FETCH_SIZE = 20_000
 # The dirty-set aggregate spills to disk with PostgreSQL's default 4MB; one export session may use more.
 EXPORT_WORK_MEM = "256MB"
+# A dirty set of at most this many changes is read by one JDBC reader: each more reader is a Spark
+# task in the read, the checkpoint, the count and the write (and a file more in the lake), which on a
+# per-minute cycle of many small tables costs more than the rows take to read (bench.engine).
+ONE_READER_CHANGES = 50_000
 
 
 def as_output(column: LakeColumn, expr: sql.Composable) -> sql.Composable:
@@ -172,11 +176,12 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
     """The dirty images as of the exported snapshot `snapshot_id`, read once and pinned in Spark;
     UnrepresentableValueError when one holds a value the lake does not (`refuse_unheld`).
 
-    One JDBC read per core, each importing the same snapshot (so together they are one consistent
-    read of disjoint key shares), then an eager local checkpoint: a JDBC DataFrame re-runs its
-    query on every action, and the rows written to the lake must come from this single read.
+    One JDBC read per core (one for a dirty set of at most ONE_READER_CHANGES changes), each
+    importing the same snapshot (so together they are one consistent read of disjoint key shares),
+    then an eager local checkpoint: a JDBC DataFrame re-runs its query on every action, and the rows
+    written to the lake must come from this single read. `conn` is in the exported snapshot.
     """
-    parts = spark_parallelism(spark)
+    parts = 1 if dirty_changes_at_most(conn, table.table_id, ONE_READER_CHANGES) else spark_parallelism(spark)
     relation = source_relation(conn, table, f"SELECT dk.{_key_column(0).as_string(conn)} FROM dirty dk")
     images = None
     for part in range(parts):
@@ -223,6 +228,12 @@ def snapshot_read(spark: SparkSession, jdbc: JdbcTarget, query: str, snapshot_id
             .option("sessionInitStatement", init)
             .option("prepareThreshold", "-1")  # binary rows from the first execution
             .load())
+
+
+def dirty_changes_at_most(conn: psycopg.Connection, table_id: int, limit: int) -> bool:
+    """Whether the table has at most `limit` dirty changes (reads no more than limit + 1 of them)."""
+    return conn.execute("SELECT count(*) <= %s FROM (SELECT 1 FROM coldharbor.change_log WHERE table_id = %s "
+                        "AND flushed_at IS NULL LIMIT %s) d", (limit, table_id, limit + 1)).fetchone()[0]
 
 
 def has_dirty(conn: psycopg.Connection, table_id: int) -> bool:

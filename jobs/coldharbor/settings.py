@@ -136,6 +136,9 @@ SPARK_REMOTE_WAIT_ENV = "COLDHARBOR_SPARK_REMOTE_WAIT_SECONDS"
 DEFAULT_SPARK_REMOTE_WAIT_S = 15.0
 JDBC_READERS_ENV = "COLDHARBOR_JDBC_READERS"
 BASE_READERS_ENV = "COLDHARBOR_BASE_READERS"
+EXPORT_WORKERS_ENV = "COLDHARBOR_EXPORT_WORKERS"
+# An export cycle's tables in parallel by default: at most this many, and no more than Spark's cores.
+DEFAULT_MAX_EXPORT_WORKERS = 4
 
 
 def spark_remote() -> str | None:
@@ -167,6 +170,14 @@ def base_readers() -> int | None:
     readers = number_setting(BASE_READERS_ENV, 0, "readers", lambda n: n in range(1, 1025),
                              "a whole number from 1 to 1024")
     return int(readers) or None
+
+
+def export_workers() -> int | None:
+    """COLDHARBOR_EXPORT_WORKERS: how many tables one export cycle exports at once, or None (Spark's
+    default parallelism, at most DEFAULT_MAX_EXPORT_WORKERS: `export.worker_count`)."""
+    workers = number_setting(EXPORT_WORKERS_ENV, 0, "workers", lambda n: n in range(1, 65),
+                             "a whole number from 1 to 64")
+    return int(workers) or None
 
 
 REPORT_LEASE_ENV = "COLDHARBOR_REPORT_LEASE_SECONDS"

@@ -162,6 +162,22 @@ def get_session(app_name: str):
     return builder.getOrCreate()
 
 
+def sibling_session(spark, app_name: str):
+    """A session of its own for a worker thread of a job that runs work in parallel (temp views,
+    settings and checkpoints apart from `spark`'s): on Spark Connect a new session on the same
+    server, which the thread releases with release_sessions(); classic, spark.newSession() on the
+    same SparkContext, with `spark`'s values of the session settings (a new classic session starts
+    from the SparkContext's conf, which lacks them when the context was made elsewhere)."""
+    if settings.spark_remote() is not None:
+        return get_session(app_name)
+    sibling = spark.newSession()
+    for key in SESSION_CONF:
+        value = spark.conf.get(key, None)
+        if value is not None:
+            sibling.conf.set(key, value)
+    return sibling
+
+
 # The Connect sessions get_session opened, per thread, until release_sessions().
 _opened = threading.local()
 

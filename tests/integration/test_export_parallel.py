@@ -1,0 +1,149 @@
+"""One export cycle over many tables, several at once (COLDHARBOR_EXPORT_WORKERS): tables that held
+rows before they were registered, keys of several types, names a user typed, one table refused
+among them; every table's lake equals PostgreSQL and the results come in the tables' order."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from coldharbor import export, hot_reader, pg, registry, settings
+from coldharbor.export import ExportConfig
+from tests.connect_server import run_job
+from tests.helpers import lake_live, pg_rows
+
+# (key definition, key columns, key expression of generate_series' g)
+KEYS = [
+    ("id bigint PRIMARY KEY", ["id"], "g"),
+    ("code text PRIMARY KEY", ["code"], "'k''' || g || ' ; --'"),
+    ("u uuid PRIMARY KEY", ["u"], "md5(g::text)::uuid"),
+    ("a integer, b varchar(20), PRIMARY KEY (a, b)", ["a", "b"], "g, 'b\"' || (g % 3)"),
+    ("d date PRIMARY KEY", ["d"], "date '2020-01-01' + g"),
+]
+
+
+def make_tables(conn, prefix: str) -> list[tuple[str, list[str]]]:
+    """One table per key type, each holding 150 rows before it is registered (an initial load each)."""
+    made = []
+    for n, (key_def, keys, key_expr) in enumerate(KEYS):
+        name = f'"{prefix} {n}; x"' if n == 1 else f"{prefix}_{n}"
+        conn.execute(f"CREATE TABLE {name} ({key_def}, note text, amount numeric(10,2))")
+        conn.execute(f"INSERT INTO {name} SELECT {key_expr}, 'n''' || g || E'\\n', g * 1.5 "
+                     "FROM generate_series(1, 150) g")
+        conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+        made.append((name, keys))
+    return made
+
+
+def change(conn, tables: list[tuple[str, list[str]]], round_: int) -> None:
+    for name, _ in tables:
+        conn.execute(f"UPDATE {name} SET amount = amount + {round_}, note = note || 'r{round_}' "
+                     f"WHERE amount::int % 4 = {round_ % 4}")
+        conn.execute(f"DELETE FROM {name} WHERE amount::int % 37 = {round_}")
+
+
+def same_as_postgres(spark, conn, lake_root: str, name: str, keys: list[str]) -> None:
+    [table] = registry.load(conn, name)
+    lake = lake_live(spark, lake_root, table.qualified_name, keys)
+    cols = keys + ["note", "amount"]
+    expected = pg_rows(conn, f"SELECT {', '.join(cols)} FROM {name}", keys)
+
+    def plain(value):  # the lake holds a uuid as its text
+        return str(value) if isinstance(value, uuid.UUID) else value
+
+    expected = {tuple(map(plain, k)): {c: plain(v) for c, v in row.items()} for k, row in expected.items()}
+    assert {k: {c: v[c] for c in cols} for k, v in lake.items()} == expected, name
+    assert conn.execute("SELECT count(*) FROM coldharbor.change_log WHERE table_id = %s AND flushed_at IS NULL",
+                        (table.table_id,)).fetchone()[0] == 0, name
+
+
+def run_cycle(spark, pg_dsn: str, lake_root: str, workers: int, names: list[str]):
+    """export.run over the tables `names` (the database holds other tests' tables too)."""
+    with pg.connect(pg_dsn) as conn:
+        tables = [t for name in names for t in registry.load(conn, name)]
+        config = ExportConfig(table=None, lake_root=lake_root, run_id=f"test-{uuid.uuid4().hex[:6]}")
+        return tables, export.run(spark, conn, pg.JdbcTarget.from_dsn(pg_dsn), config, tables,
+                                  lambda point: None, dsn=pg_dsn, workers=workers)
+
+
+def test_tables_export_several_at_once_and_each_equals_postgresql(spark, pg_dsn, pg_conn, admin_dsn, lake_root):
+    prefix = f"par_{uuid.uuid4().hex[:6]}"
+    tables = make_tables(pg_conn, prefix)
+    refused_name = tables[3][0]
+    # One table the jobs' login may no longer read: refused alone, the others export beside it.
+    pg_conn.execute(f"REVOKE SELECT ON {refused_name} FROM coldharbor_pipeline")
+
+    names = [name for name, _ in tables]
+    loaded, results = run_cycle(spark, pg_dsn, lake_root, 3, names)
+    assert [r.table for r in results] == [t.qualified_name for t in loaded]  # the tables' order
+    by_name = {r.table: r for r in results}
+    for name, keys in tables:
+        [table] = registry.load(pg_conn, name)
+        result = by_name[table.qualified_name]
+        if name == refused_name:
+            assert result.status == "failed" and "lacks SELECT" in result.error, result
+            continue
+        assert result.status in ("loaded", "exported"), result
+        assert result.loaded_rows == 150
+        same_as_postgres(spark, pg_conn, lake_root, name, keys)
+
+    pg_conn.execute(f"GRANT SELECT ON {refused_name} TO coldharbor_pipeline")
+    for round_ in (1, 2):
+        change(pg_conn, tables, round_)
+        _, results = run_cycle(spark, pg_dsn, lake_root, 4, names)
+        assert all(r.status in ("exported", "loaded", "clean") for r in results), results
+    for name, keys in tables:
+        same_as_postgres(spark, pg_conn, lake_root, name, keys)
+
+
+def test_a_dirty_set_larger_than_one_readers_share_is_read_by_every_reader(spark, pg_dsn, pg_conn, table_name,
+                                                                         lake_root, monkeypatch):
+    """Small dirty sets have one JDBC reader; above ONE_READER_CHANGES each core reads a share of the
+    keys (here lowered to 10 so 300 changes take that path), and together they are the whole set."""
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, note text, amount numeric(10,2))")
+    pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 'a' || g FROM generate_series(1, 300) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    run_cycle(spark, pg_dsn, lake_root, 1, [table_name])
+    monkeypatch.setattr(hot_reader, "ONE_READER_CHANGES", 10)
+    reads = []
+    real = hot_reader.snapshot_read
+    monkeypatch.setattr(hot_reader, "snapshot_read", lambda *a, **k: reads.append(a[2]) or real(*a, **k))
+    pg_conn.execute(f"UPDATE {table_name} SET note = note || '!' WHERE id % 3 <> 0")
+    pg_conn.execute(f"DELETE FROM {table_name} WHERE id % 10 = 0")
+    _, [result] = run_cycle(spark, pg_dsn, lake_root, 1, [table_name])
+    assert result.status == "exported" and result.rows == 200 + 10, result
+    assert len(reads) == 2 and all("jsonb_hash" in q for q in reads)  # local[2]: two shares
+    same_as_postgres(spark, pg_conn, lake_root, table_name, ["id"])
+
+    monkeypatch.setattr(hot_reader, "ONE_READER_CHANGES", 50_000)
+    reads.clear()
+    pg_conn.execute(f"UPDATE {table_name} SET note = 'b' WHERE id < 50")
+    _, [result] = run_cycle(spark, pg_dsn, lake_root, 1, [table_name])
+    assert len(reads) == 1 and "jsonb_hash" not in reads[0]
+    same_as_postgres(spark, pg_conn, lake_root, table_name, ["id"])
+
+
+@pytest.mark.parametrize("raw", ["0", "65", "two", "1.5"])
+def test_a_bad_worker_count_is_one_line_naming_the_setting(raw, monkeypatch):
+    monkeypatch.setenv(settings.EXPORT_WORKERS_ENV, raw)
+    with pytest.raises(settings.ConfigError, match=settings.EXPORT_WORKERS_ENV):
+        settings.export_workers()
+
+
+def test_the_job_over_connect_exports_tables_several_at_once(connect_server, on_connect, pg_dsn, pg_conn, lake_root):
+    """The job as the DAG runs it on the warm engine: every dirty table in one cycle, three at once."""
+    from coldharbor.spark import get_session
+
+    prefix = f"parc_{uuid.uuid4().hex[:6]}"
+    tables = make_tables(pg_conn, prefix)
+    env = {settings.EXPORT_WORKERS_ENV: "3"}
+    for round_ in (0, 1):
+        if round_:
+            change(pg_conn, tables, round_)
+        done = run_job("cdc_export.py", connect_server.url, pg_dsn, lake_root, env=env)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert "at once" in done.stdout + done.stderr
+    reader = get_session("coldharbor-test-reader")
+    for name, keys in tables:
+        same_as_postgres(reader, pg_conn, lake_root, name, keys)

@@ -278,7 +278,21 @@ def fence_batch(spark: SparkSession, path: str, app_id: str, batch_id: int) -> N
               .option("txnAppId", app_id)
               .option("txnVersion", batch_id)
               .option("userMetadata", json.dumps({"app_id": app_id, "fenced_batch_id": batch_id}, sort_keys=True)))
-    _save(writer, path, (), f"fencing batch {batch_id} of")
+    for attempt in range(FENCE_ATTEMPTS):
+        try:
+            writer.save(path)
+            return
+        except Exception as exc:
+            # The fence lost to a commit recording the same app id: the running write it is there
+            # to stop landed first. Fenced again, Delta now skips the fence if that was this batch
+            # (the caller then finds its commit), or records it if it was an earlier one.
+            if "ConcurrentTransactionException" not in f"{exc!r} {exc}" or attempt == FENCE_ATTEMPTS - 1:
+                raise lake_error(f"fencing batch {batch_id} of {path} failed", exc) from exc
+            log.warning("fencing batch %s of %s: a commit of the same export landed meanwhile; fencing again",
+                        batch_id, path)
+
+
+FENCE_ATTEMPTS = 3
 
 
 def batch_commit_entry(spark: SparkSession, path: str, app_id: str, batch_id: int, commit_token: str | None = None,

@@ -131,8 +131,16 @@ def test_a_bad_worker_count_is_one_line_naming_the_setting(raw, monkeypatch):
         settings.export_workers()
 
 
-def test_the_job_over_connect_exports_tables_several_at_once(connect_server, on_connect, pg_dsn, pg_conn, lake_root):
-    """The job as the DAG runs it on the warm engine: every dirty table in one cycle, three at once."""
+def test_the_job_over_connect_exports_tables_several_at_once(connect_server, on_connect, own_database, lake_root):
+    """The job as the DAG runs it on the warm engine: every dirty table in one cycle, three at once
+    (in a database of its own: the job meets this test's tables alone)."""
+
+    admin_dsn, pg_dsn = own_database
+    with pg.connect(admin_dsn) as pg_conn:
+        _job_over_connect_several_at_once(connect_server, pg_dsn, pg_conn, lake_root)
+
+
+def _job_over_connect_several_at_once(connect_server, pg_dsn, pg_conn, lake_root) -> None:
     from coldharbor.spark import get_session
 
     prefix = f"parc_{uuid.uuid4().hex[:6]}"
@@ -147,3 +155,41 @@ def test_the_job_over_connect_exports_tables_several_at_once(connect_server, on_
     reader = get_session("coldharbor-test-reader")
     for name, keys in tables:
         same_as_postgres(reader, pg_conn, lake_root, name, keys)
+
+
+@pytest.mark.parametrize("point", ["after_read", "during_write", "after_commit", "during_mark"])
+def test_a_cycle_killed_while_tables_export_at_once_converges(point, connect_server, on_connect, own_database,
+                                                              lake_root):
+    """The job killed (SIGKILL) at `point` of whichever table reaches it first, the other workers in
+    the middle of theirs: the next cycle finishes every table, none with a row lost or doubled."""
+    admin_dsn, pg_dsn = own_database
+    with pg.connect(admin_dsn) as pg_conn:
+        _killed_while_several_at_once(point, connect_server, pg_dsn, pg_conn, lake_root)
+
+
+def _killed_while_several_at_once(point, connect_server, pg_dsn, pg_conn, lake_root) -> None:
+    from pyspark.sql import functions as F
+
+    from coldharbor.lake_rows import SEQ
+    from coldharbor.spark import get_session
+
+    prefix = f"park_{uuid.uuid4().hex[:6]}"
+    tables = make_tables(pg_conn, prefix)
+    env = {settings.EXPORT_WORKERS_ENV: "3"}
+    done = run_job("cdc_export.py", connect_server.url, pg_dsn, lake_root, env=env)  # the initial loads
+    assert done.returncode == 0, done.stderr[-3000:]
+    change(pg_conn, tables, 1)
+    killed = run_job("cdc_export.py", connect_server.url, pg_dsn, lake_root, env={**env, "COLDHARBOR_CRASH_AT": point})
+    assert killed.returncode == -9, (killed.returncode, killed.stderr[-3000:])
+    change(pg_conn, tables, 2)
+    done = run_job("cdc_export.py", connect_server.url, pg_dsn, lake_root, env=env)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    reader = get_session("coldharbor-test-reader")
+    for name, keys in tables:
+        same_as_postgres(reader, pg_conn, lake_root, name, keys)
+        [table] = registry.load(pg_conn, name)
+        doubled = (reader.read.format("delta").load(table.lake_path(lake_root))
+                   .groupBy(*keys, SEQ).count().filter(F.col("count") > 1).count())
+        assert doubled == 0, name
+        verified = run_job("verify.py", connect_server.url, pg_dsn, lake_root, "--table", table.qualified_name)
+        assert verified.returncode == 0 and "in sync" in verified.stdout + verified.stderr, verified.stderr[-2000:]

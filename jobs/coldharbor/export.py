@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+# A base (an initial load, a rebase) reads a whole table with every reader but one core
+# (`spark.base_parallelism`); the workers of a cycle take turns at it rather than multiply that.
+BASE_LOAD_TURN = threading.Lock()
+
+
 @dataclass(frozen=True)
 class ExportConfig:
     table: str | None   # schema.table, or None for every registered table
@@ -101,7 +106,9 @@ def run(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, conf
     results: list[TableResult | None] = [None] * len(tables)
     queue = iter(enumerate(tables))
     taking = threading.Lock()
+    stop = threading.Event()
     failures: list[BaseException] = []
+    sessions = [spark]
 
     def worker(first: bool) -> None:
         try:
@@ -109,10 +116,17 @@ def run(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, conf
                 if first:
                     session, connection = spark, conn
                 else:
-                    session = spark_sessions.sibling_session(spark, "coldharbor-cdc-export")
-                    own.callback(spark_sessions.release_sessions)
-                    connection = own.enter_context(pg.connect(dsn))
-                while not failures:
+                    try:
+                        connection = own.enter_context(pg.connect(dsn))
+                        # Released before the connection closes (the table locks go with it).
+                        own.callback(spark_sessions.release_sessions)
+                        session = spark_sessions.sibling_session(spark, "coldharbor-cdc-export")
+                    except Exception as exc:  # noqa: BLE001 - the other workers go on
+                        log.warning("an export worker could not start (%s); the others export its tables",
+                                    str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+                        return
+                    sessions.append(session)
+                while not stop.is_set():
                     with taking:
                         index, table = next(queue, (None, None))
                     if table is None:
@@ -120,10 +134,23 @@ def run(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, conf
                     results[index] = _export_or_refuse(session, connection, jdbc, table, config, hook)
         except BaseException as exc:  # noqa: BLE001 - raised again below, in the job's thread
             failures.append(exc)
+            stop.set()
 
-    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="export") as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="export")
+    try:
         for future in [pool.submit(worker, n == 0) for n in range(workers)]:
             future.result()
+    except BaseException:
+        # The job is being stopped (Airflow's timeout or on_kill, Ctrl-C): no table is started any
+        # more and the ones under way are interrupted in Spark, as the one-worker job's would be.
+        stop.set()
+        spark_sessions.interrupt_sessions(sessions)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    for extra in failures[1:]:
+        log.warning("another export worker failed too: %s", str(extra).splitlines()[0][:300] if str(extra) else
+                    type(extra).__name__)
     if failures:
         raise failures[0]
     return [r for r in results if r is not None]
@@ -137,12 +164,12 @@ def worker_count(spark: SparkSession, tables: int) -> int:
     the time one leaves idle: 50 tables of 200 dirty rows on a 2-core Connect server took 22-30 s
     two at a time against 35-38 s one after the other (bench.engine; the machine is noisy).
     """
+    configured = settings.export_workers()
     if tables <= 1:
         return 1
-    configured = settings.export_workers()
     if configured:
         return min(configured, tables)
-    return max(1, min(spark_sessions.parallelism(spark), settings.DEFAULT_MAX_EXPORT_WORKERS, tables))
+    return max(1, min(spark_sessions.cores(spark), settings.DEFAULT_MAX_EXPORT_WORKERS, tables))
 
 
 def _export_or_refuse(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
@@ -170,8 +197,9 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
             # (invariant 12).
             if state.rebase_pending:
                 log.warning("%s: writing a new base from PostgreSQL: %s", table.qualified_name, state.rebase_reason)
-            loaded = base_load.write_base(spark, conn, jdbc, table, registry.lake_columns(conn, table), path,
-                                          state.base_kind, config.run_id, hook, rebase=state.rebase_pending)
+            with BASE_LOAD_TURN:
+                loaded = base_load.write_base(spark, conn, jdbc, table, registry.lake_columns(conn, table), path,
+                                              state.base_kind, config.run_id, hook, rebase=state.rebase_pending)
         if not hot_reader.has_dirty(conn, table.table_id):
             log.info("%s: nothing dirty", table.qualified_name)
             return TableResult(table.qualified_name, "loaded" if loaded else "clean", recovered_batches=recovered,
@@ -326,6 +354,7 @@ def main(argv: list[str]) -> int:
     def body() -> int:
         config = parse_args(argv)
         dsn = settings.pg_dsn()
+        settings.export_workers()  # a bad setting is refused every cycle, not only those with two tables
         jdbc = pg.JdbcTarget.from_dsn(dsn)
         with pg.connect(dsn) as conn:
             tables = registry.load(conn, config.table)

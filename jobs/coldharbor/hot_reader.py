@@ -181,7 +181,7 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
     then an eager local checkpoint: a JDBC DataFrame re-runs its query on every action, and the rows
     written to the lake must come from this single read. `conn` is in the exported snapshot.
     """
-    parts = 1 if dirty_changes_at_most(conn, table.table_id, ONE_READER_CHANGES) else spark_parallelism(spark)
+    parts = 1 if dirty_changes_at_most(conn, table, ONE_READER_CHANGES) else spark_parallelism(spark)
     relation = source_relation(conn, table, f"SELECT dk.{_key_column(0).as_string(conn)} FROM dirty dk")
     images = None
     for part in range(parts):
@@ -230,10 +230,10 @@ def snapshot_read(spark: SparkSession, jdbc: JdbcTarget, query: str, snapshot_id
             .load())
 
 
-def dirty_changes_at_most(conn: psycopg.Connection, table_id: int, limit: int) -> bool:
+def dirty_changes_at_most(conn: psycopg.Connection, table: RegisteredTable, limit: int) -> bool:
     """Whether the table has at most `limit` dirty changes (reads no more than limit + 1 of them)."""
-    return conn.execute("SELECT count(*) <= %s FROM (SELECT 1 FROM coldharbor.change_log WHERE table_id = %s "
-                        "AND flushed_at IS NULL LIMIT %s) d", (limit, table_id, limit + 1)).fetchone()[0]
+    return conn.execute(sql.SQL("SELECT count(*) <= %s FROM (SELECT 1 FROM coldharbor.change_log c WHERE {} "
+                                "LIMIT %s) d").format(_dirty_changes(table)), (limit, limit + 1)).fetchone()[0]
 
 
 def has_dirty(conn: psycopg.Connection, table_id: int) -> bool:

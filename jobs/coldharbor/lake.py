@@ -273,12 +273,13 @@ def fence_batch(spark: SparkSession, path: str, app_id: str, batch_id: int) -> N
     name, whose base replaces the lake table: `DELTA_PARTITION_COLUMN_NOT_FOUND` stuck it for good)."""
     if not lake_store.is_delta_table(path):
         return
-    empty = spark.read.format("delta").load(path).limit(0)
-    writer = (empty.write.format("delta").mode("append")
-              .option("txnAppId", app_id)
-              .option("txnVersion", batch_id)
-              .option("userMetadata", json.dumps({"app_id": app_id, "fenced_batch_id": batch_id}, sort_keys=True)))
     for attempt in range(FENCE_ATTEMPTS):
+        # Read each time: the commit the fence lost to may have changed the table's columns.
+        empty = spark.read.format("delta").load(path).limit(0)
+        writer = (empty.write.format("delta").mode("append")
+                  .option("txnAppId", app_id)
+                  .option("txnVersion", batch_id)
+                  .option("userMetadata", json.dumps({"app_id": app_id, "fenced_batch_id": batch_id}, sort_keys=True)))
         try:
             writer.save(path)
             return
@@ -286,7 +287,9 @@ def fence_batch(spark: SparkSession, path: str, app_id: str, batch_id: int) -> N
             # The fence lost to a commit recording the same app id: the running write it is there
             # to stop landed first. Fenced again, Delta now skips the fence if that was this batch
             # (the caller then finds its commit), or records it if it was an earlier one.
-            if "ConcurrentTransactionException" not in f"{exc!r} {exc}" or attempt == FENCE_ATTEMPTS - 1:
+            said = f"{exc!r} {exc}"
+            lost = "DELTA_CONCURRENT_TRANSACTION" in said or "ConcurrentTransactionException" in said
+            if not lost or attempt == FENCE_ATTEMPTS - 1:
                 raise lake_error(f"fencing batch {batch_id} of {path} failed", exc) from exc
             log.warning("fencing batch %s of %s: a commit of the same export landed meanwhile; fencing again",
                         batch_id, path)

@@ -168,7 +168,7 @@ def sibling_session(spark, app_name: str):
     server, which the thread releases with release_sessions(); classic, spark.newSession() on the
     same SparkContext, with `spark`'s values of the session settings (a new classic session starts
     from the SparkContext's conf, which lacks them when the context was made elsewhere)."""
-    if settings.spark_remote() is not None:
+    if is_connect(spark):
         return get_session(app_name)
     sibling = spark.newSession()
     for key in SESSION_CONF:
@@ -211,6 +211,11 @@ def connect_session(url: str, app_name: str):
         for key, value in SESSION_CONF.items():
             spark.conf.set(key, value)
     except Exception as exc:
+        try:
+            spark.client.set_retry_policies([DefaultPolicy(max_retries=0)])
+            spark.stop()  # the server drops it now, not after its idle timeout
+        except Exception:  # noqa: BLE001 - best effort; the refusal below is what is reported
+            pass
         raise lost_spark(exc) or SparkUnavailableError(
             f"the Spark Connect server at {url} refused the session: {_first_line(exc)}") from exc
     return spark
@@ -299,12 +304,15 @@ def base_parallelism(spark) -> int:
 
 
 def parallelism(spark) -> int:
-    """How many tasks the session runs at once (Spark's default parallelism), which is how many JDBC
-    readers share a read; COLDHARBOR_JDBC_READERS overrides it. Asked of Spark with a query, not of
-    its SparkContext, which a Connect client does not have; once per session."""
-    configured = settings.jdbc_readers()
-    if configured:
-        return configured
+    """How many tasks the session runs at once (`cores`), which is how many JDBC readers share a
+    read; COLDHARBOR_JDBC_READERS overrides it."""
+    return settings.jdbc_readers() or cores(spark)
+
+
+def cores(spark) -> int:
+    """Spark's default parallelism (the cores of local mode, the executors' on a cluster). Asked of
+    Spark with a query, not of its SparkContext, which a Connect client does not have; once per
+    session."""
     if spark not in _parallelism_seen:
         from pyspark.sql import functions as F
 
@@ -312,3 +320,22 @@ def parallelism(spark) -> int:
         last = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("part")).agg(F.max("part")).first()[0]
         _parallelism_seen[spark] = max(1, int(last) + 1)
     return _parallelism_seen[spark]
+
+
+def interrupt_sessions(sessions) -> None:
+    """Best effort: stops what `sessions` run in Spark now (a Connect session's operations; a
+    classic session's jobs, which are its SparkContext's). For a job being stopped, whose own
+    failure is what gets reported."""
+    for session in sessions:
+        try:
+            if is_connect(session):
+                session.interruptAll()
+            else:
+                session.sparkContext.cancelAllJobs()
+        except Exception:  # noqa: BLE001 - the server may be the thing that was lost
+            continue
+
+
+def is_connect(session) -> bool:
+    """Whether `session` is a Spark Connect client's session (else a classic one)."""
+    return type(session).__module__.startswith("pyspark.sql.connect")

@@ -193,3 +193,50 @@ def _killed_while_several_at_once(point, connect_server, pg_dsn, pg_conn, lake_r
         assert doubled == 0, name
         verified = run_job("verify.py", connect_server.url, pg_dsn, lake_root, "--table", table.qualified_name)
         assert verified.returncode == 0 and "in sync" in verified.stdout + verified.stderr, verified.stderr[-2000:]
+
+
+def test_workers_export_at_the_same_time_each_with_its_own_session_and_connection(spark, pg_dsn, pg_conn,
+                                                                                 lake_root):
+    """Two tables, two workers: both must be inside their export at once (a barrier at after_read
+    fails a run that takes them one after the other), in two threads, two Spark sessions and two
+    PostgreSQL backends."""
+    import threading
+
+    prefix = f"paro_{uuid.uuid4().hex[:6]}"
+    tables = make_tables(pg_conn, prefix)[:2]
+    names = [name for name, _ in tables]
+    run_cycle(spark, pg_dsn, lake_root, 1, names)  # the initial loads
+    change(pg_conn, tables, 1)
+    together = threading.Barrier(2, timeout=120)
+    seen = []
+    real_begin = export.batches.begin
+
+    def begin(conn, table, run_id, rows):
+        seen.append((threading.get_ident(), conn.info.backend_pid))
+        return real_begin(conn, table, run_id, rows)
+
+    sessions = []
+    real_read = export.hot_reader.read_dirty_images
+
+    def read(session, *args, **kwargs):
+        sessions.append(session)
+        return real_read(session, *args, **kwargs)
+
+    def hook(point: str) -> None:
+        if point == "after_read":
+            together.wait()
+
+    import unittest.mock as mock
+
+    with mock.patch.object(export.batches, "begin", begin), mock.patch.object(export.hot_reader, "read_dirty_images",
+                                                                              read):
+        with pg.connect(pg_dsn) as conn:
+            loaded = [t for name in names for t in registry.load(conn, name)]
+            config = ExportConfig(table=None, lake_root=lake_root, run_id="test-overlap")
+            results = export.run(spark, conn, pg.JdbcTarget.from_dsn(pg_dsn), config, loaded, hook,
+                                 dsn=pg_dsn, workers=2)
+    assert [r.status for r in results] == ["exported", "exported"], results
+    assert len({thread for thread, _ in seen}) == 2 and len({pid for _, pid in seen}) == 2
+    assert len({id(s) for s in sessions}) == 2 and spark in sessions
+    for name, keys in tables:
+        same_as_postgres(spark, pg_conn, lake_root, name, keys)

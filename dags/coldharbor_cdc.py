@@ -3,11 +3,10 @@ changes to Delta.
 
 On a Spark Connect connection one task exports every dirty table on the warm server, several at
 once (COLDHARBOR_EXPORT_WORKERS); under spark-submit one mapped task per table with something to
-export. A clean cycle maps
-nothing (one index probe per table, no Spark at all). One run at a time: the export of a table is
-also guarded by its advisory lock, so an overlapping manual run skips instead of doubling. The
-cadence is COLDHARBOR_EXPORT_CADENCE: `minute` (default) or `continuous` (each run starts when the
-last one ends).
+export. A clean cycle maps nothing (one index probe per table, no Spark at all). One run at a time:
+the export of a table is also guarded by its advisory lock, so an overlapping manual run skips
+instead of doubling. The cadence is COLDHARBOR_EXPORT_CADENCE: `minute` (default) or `continuous`
+(each run starts when the last one ends).
 """
 
 from __future__ import annotations

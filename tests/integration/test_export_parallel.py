@@ -240,3 +240,37 @@ def test_workers_export_at_the_same_time_each_with_its_own_session_and_connectio
     assert len({id(s) for s in sessions}) == 2 and spark in sessions
     for name, keys in tables:
         same_as_postgres(spark, pg_conn, lake_root, name, keys)
+
+
+def test_a_stopped_cycle_starts_no_more_tables_and_the_next_converges(spark, pg_dsn, pg_conn, lake_root):
+    """Ctrl-C (or Airflow stopping the task) while two workers export five tables: the stop is
+    raised in the job's thread, the tables under way are interrupted, no other one is started, and
+    the next cycle exports them all."""
+    import os
+    import signal
+    import time
+
+    prefix = f"pars_{uuid.uuid4().hex[:6]}"
+    tables = make_tables(pg_conn, prefix)
+    names = [name for name, _ in tables]
+    run_cycle(spark, pg_dsn, lake_root, 1, names)  # the initial loads
+    change(pg_conn, tables, 1)
+    reached = []
+
+    def hook(point: str) -> None:
+        if point == "after_read":
+            reached.append(point)
+            if len(reached) == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(2)
+
+    with pytest.raises(KeyboardInterrupt):
+        with pg.connect(pg_dsn) as conn:
+            loaded = [t for name in names for t in registry.load(conn, name)]
+            config = ExportConfig(table=None, lake_root=lake_root, run_id="test-stopped")
+            export.run(spark, conn, pg.JdbcTarget.from_dsn(pg_dsn), config, loaded, hook, dsn=pg_dsn, workers=2)
+    assert len(reached) <= 2, reached  # the two under way; a run that went on would reach all five
+    _, results = run_cycle(spark, pg_dsn, lake_root, 2, names)
+    assert all(r.status in ("exported", "clean") for r in results), results
+    for name, keys in tables:
+        same_as_postgres(spark, pg_conn, lake_root, name, keys)

@@ -53,7 +53,7 @@ def test_every_writer_dag_runs_once_at_a_time_and_the_adhoc_form_four(airflow_ho
 def test_the_export_dag_runs_every_minute_once_at_a_time_in_the_spark_pool(airflow_home):
     dag = load(airflow_home).dags["coldharbor_cdc"]
     assert dag.catchup is False and dag.max_active_runs == 1
-    assert dag.schedule == "* * * * *"
+    assert (type(dag.timetable).__name__, dag.timetable.expression) == ("CronDataIntervalTimetable", "* * * * *")
     assert dag.get_task("export").pool == "coldharbor_spark"
 
 
@@ -92,23 +92,53 @@ def test_the_resync_dag_takes_the_table_as_a_checked_param_and_cleanup_verifies_
     assert cleanup.get_task("verify").upstream_task_ids >= {"cleanup", "tables_to_verify"}
 
 
-@pytest.mark.parametrize("cadence, schedule, timetable", [
-    (None, "* * * * *", "CronTriggerTimetable"),
-    ("minute", "* * * * *", "CronTriggerTimetable"),
+@pytest.mark.parametrize("cadence, summary, timetable", [
+    (None, "* * * * *", "CronDataIntervalTimetable"),
+    ("minute", "* * * * *", "CronDataIntervalTimetable"),
     ("continuous", "@continuous", "ContinuousTimetable"),
 ])
 def test_the_export_cadence_is_every_minute_or_continuous_and_always_one_run_at_a_time(airflow_home, monkeypatch,
-                                                                                       cadence, schedule, timetable):
+                                                                                       cadence, summary, timetable):
+    dag = export_dag(airflow_home, monkeypatch, cadence)
+    assert (scheduler_timetable(airflow_home, monkeypatch, cadence).summary, type(dag.timetable).__name__) == \
+        (summary, timetable)
+    assert dag.max_active_runs == 1 and dag.catchup is False
+    assert dag.get_task("export").pool == "coldharbor_spark"
+
+
+def export_dag(airflow_home, monkeypatch, cadence: str | None):
+    """coldharbor_cdc bagged with COLDHARBOR_EXPORT_CADENCE=cadence (None: unset)."""
     if cadence is None:
         monkeypatch.delenv("COLDHARBOR_EXPORT_CADENCE", raising=False)
     else:
         monkeypatch.setenv("COLDHARBOR_EXPORT_CADENCE", cadence)
     bag = load(airflow_home)
     assert bag.import_errors == {}
-    dag = bag.dags["coldharbor_cdc"]
-    assert (dag.schedule, type(dag.timetable).__name__) == (schedule, timetable)
-    assert dag.max_active_runs == 1 and dag.catchup is False
-    assert dag.get_task("export").pool == "coldharbor_spark"
+    return bag.dags["coldharbor_cdc"]
+
+
+def scheduler_timetable(airflow_home, monkeypatch, cadence: str | None):
+    """The export DAG's timetable as the scheduler holds it: bagged, serialized, deserialized."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    dag = export_dag(airflow_home, monkeypatch, cadence)
+    return DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag)).timetable
+
+
+@pytest.mark.parametrize("before, after", [("minute", "continuous"), ("continuous", "minute"),
+                                           ("continuous", "continuous"), ("minute", "minute")])
+def test_changing_the_export_cadence_never_stalls_the_schedule(airflow_home, monkeypatch, before, after):
+    """The scheduler creates the next run at the logical date the new timetable gives after the
+    last run; one equal to an existing run's is skipped as existing, every second, for good (seen
+    going from the minute to continuous with Airflow's zero-length cron intervals: the lake stopped)."""
+    import pendulum
+    from airflow.timetables.base import TimeRestriction
+
+    old, new = scheduler_timetable(airflow_home, monkeypatch, before), scheduler_timetable(airflow_home, monkeypatch, after)
+    restriction = TimeRestriction(earliest=pendulum.datetime(2026, 1, 1, tz="UTC"), latest=None, catchup=False)
+    last = old.next_dagrun_info(last_automated_data_interval=None, restriction=restriction)  # the latest, now
+    following = new.next_dagrun_info(last_automated_data_interval=last.data_interval, restriction=restriction)
+    assert following is not None and following.logical_date != last.logical_date
 
 
 def test_an_unknown_export_cadence_is_the_export_dags_import_error_naming_the_setting(airflow_home, monkeypatch):

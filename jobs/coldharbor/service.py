@@ -212,8 +212,8 @@ def workload(dsn: str, every_s: float = 3.0) -> None:
             time.sleep(every_s)
 
 
-# Demo customers change every few minutes, not every cycle: each dirty source costs one
-# spark-submit a minute, and two every minute would fill the one-slot Spark pool of a 2-core machine.
+# Demo customers change every few minutes, not every cycle: the demo shows both a table dirty
+# every cycle and an entity schema that is mostly clean (a cycle skips a clean source without Spark).
 ENTITY_EVERY_S = 300.0
 
 

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 REPORTS_SCHEMA = "reports"
 SINKS = ("postgres", "delta")
 # Lower-case PostgreSQL-safe names only; no quoting is ever needed, so none can be abused.
-NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,47}")  # whole names only: fullmatch (a "$" takes a trailing newline)
 ADHOC_PREFIX = "adhoc_"
 _HEADER = re.compile(r"^--\s*([a-z_]+)\s*:\s*(.*?)\s*$")
 _PARAM = re.compile(r"^([a-z][a-z0-9_]*)\s+([a-z_]+(?:\(\s*\d+\s*,\s*\d+\s*\))?)(?:\s*=\s*(.*))?$")
@@ -130,7 +130,7 @@ class ReportSpec:
 
 
 def check_name(kind: str, name: str) -> str:
-    if not NAME_PATTERN.match(name):
+    if not NAME_PATTERN.fullmatch(name):
         raise ReportError(f"{kind} {name!r} is not allowed: use lower-case letters, digits and _, "
                           "starting with a letter, at most 48 characters")
     return name

@@ -24,7 +24,7 @@ from coldharbor.sql_allowlist import (
 )
 
 # ASCII only: Spark lower-cases names in Java, where some non-ASCII letters fold onto ASCII ones.
-ASCII_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ASCII_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # use fullmatch: a "$" also takes a trailing newline
 # How a function call starts in the generated SQL: NAME( or `NAME`(, or NAME alone (CURRENT_DATE).
 _CALL = re.compile(r"^(?:`([^`]*)`|([A-Za-z_][A-Za-z0-9_]*))(?:\(|$)")
 _NOT_LISTED = object()
@@ -101,7 +101,7 @@ def check_function(node: exp.Func) -> str:
     if name is None:
         raise ReportError(f"a report may not contain {node.key.upper()}: {snippet(node)} "
                           "(not on the report allow-list)")
-    shown = name.lower() if ASCII_NAME.match(name) else name
+    shown = name.lower() if ASCII_NAME.fullmatch(name) else name
     if shown not in ALLOWED_FUNCTIONS:
         raise ReportError(f"function {shown} is not allowed in a report: it is not on the report "
                           f"allow-list ({snippet(node)})")
@@ -128,11 +128,11 @@ def _check_values(node: exp.Expression) -> None:
         _check_bare_column(node)
     elif isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier):
         _refuse_table_function(node)
-    elif isinstance(node, exp.Lateral) and node.args.get("view") and not ASCII_NAME.match(node.alias):
+    elif isinstance(node, exp.Lateral) and node.args.get("view") and not ASCII_NAME.fullmatch(node.alias):
         # sqlglot writes a LATERAL VIEW's table name unquoted: it must need no quotes
         raise ReportError(f"LATERAL VIEW name {node.alias!r} is not allowed in a report: use letters, digits and _")
     elif isinstance(node, exp.Placeholder):
-        if not isinstance(node.this, str) or not ASCII_NAME.match(node.this):
+        if not isinstance(node.this, str) or not ASCII_NAME.fullmatch(node.this):
             raise ReportError(f"parameter marker {snippet(node)} is not allowed in a report: "
                               "name every parameter (:name) and declare it in the header")
     elif isinstance(node, exp.Var) and node.name.lower() not in TIME_UNITS:

@@ -149,7 +149,7 @@ def _check_cte_names(tree: exp.Expression) -> None:
     seen: set[str] = set()
     for cte in tree.find_all(exp.CTE):
         name = cte.alias_or_name
-        if not ASCII_NAME.match(name):
+        if not ASCII_NAME.fullmatch(name):
             raise ReportError(f"CTE name {name!r} is not allowed: use letters, digits and _")
         if name.lower().startswith(RESERVED_PREFIX):
             raise ReportError(f"CTE name {name} is not allowed: the prefix {RESERVED_PREFIX} is reserved")

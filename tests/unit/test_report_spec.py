@@ -83,7 +83,7 @@ def test_targets_come_from_the_allow_list():
         check_target("adhoc_taken", reports["revenue"], other)
     adhoc = parse_report("SELECT 1 FROM orders", "adhoc")
     assert check_target("adhoc_mine", adhoc, reports) == "adhoc_mine"
-    for refused in ("revenue_by_day", "mine", "adhoc_Mine", "adhoc_x; drop table y", "pg_catalog.adhoc_x"):
+    for refused in ("revenue_by_day", "mine", "adhoc_Mine", "adhoc_x; drop table y", "pg_catalog.adhoc_x", "adhoc_nl\n"):
         with pytest.raises(ReportError):
             check_target(refused, adhoc, reports)
 

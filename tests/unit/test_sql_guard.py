@@ -47,6 +47,7 @@ INJECTIONS = [
     ("", "has no SQL"),
     ("SELECT * FROM orders WHERE (", "does not parse"),
     ("SELECT 1", "reads no registered table"),
+    ('WITH "x\n" AS (SELECT id FROM orders) SELECT * FROM "x\n"', "CTE name 'x\\n' is not allowed"),
 ]
 
 

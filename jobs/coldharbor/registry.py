@@ -74,7 +74,36 @@ class RegisteredTable:
         return sql.Identifier(self.schema_name, self.table_name)
 
     def lake_path(self, lake_root: str) -> str:
-        return self.lake_location or f"{lake_root}/{self.schema_name}/{self.table_name}"
+        """The registration's lake_location (an administrator's), else <root>/<schema>/<table>;
+        ConfigError when a name is not a safe folder name (`lake_folder_problem`)."""
+        if self.lake_location:
+            return self.lake_location
+        for part in (self.schema_name, self.table_name):
+            problem = lake_folder_problem(part)
+            if problem:
+                raise ConfigError(
+                    f"{self.quoted_name} has no lake folder of its own name: {problem}; a folder name holds letters, "
+                    f"digits, spaces and {LAKE_FOLDER_PUNCTUATION.strip()} only, not starting with '.': rename the "
+                    "table, or have an administrator register it with p_lake_location")
+        return f"{lake_root}/{self.schema_name}/{self.table_name}"
+
+
+# What a schema or table name may hold to be its own lake folder. Known safe in a local path, an
+# s3a key, a Hadoop Path and a delta-rs URL alike; everything else ('/', '\\', '%', '#', '?', ':',
+# glob characters, control characters...) is refused rather than escaped, so a name can never
+# leave the lake root or land in another table's folder ('../public/orders'), and the JVM and the
+# Python reader always agree on the folder ('p%41q' is 'pAq' to a URL parser).
+LAKE_FOLDER_PUNCTUATION = " _-$'\"`;,<>()!@&+=~^|."
+
+
+def lake_folder_problem(name: str) -> str | None:
+    """Why `name` cannot be a lake folder of its own, or None."""
+    if not name or name.startswith("."):
+        return f"{quote_ident(name)} is empty or starts with '.'"
+    unsafe = next((c for c in name if not (c.isalnum() or c in LAKE_FOLDER_PUNCTUATION)), None)
+    if unsafe is not None:
+        return f"{quote_ident(name)} holds {one_line(repr(unsafe))}"
+    return None
 
 
 _SELECT = """SELECT table_id, schema_name, table_name, key_columns, lake_location, partition_by, sort_by,

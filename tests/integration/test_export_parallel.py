@@ -5,10 +5,11 @@ among them; every table's lake equals PostgreSQL and the results come in the tab
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
-from coldharbor import export, hot_reader, pg, registry, settings
+from coldharbor import base_load, export, hot_reader, pg, registry, settings
 from coldharbor.export import ExportConfig
 from tests.connect_server import run_job
 from tests.helpers import lake_live, pg_rows
@@ -274,3 +275,36 @@ def test_a_stopped_cycle_starts_no_more_tables_and_the_next_converges(spark, pg_
     assert all(r.status in ("exported", "clean") for r in results), results
     for name, keys in tables:
         same_as_postgres(spark, pg_conn, lake_root, name, keys)
+
+
+def test_a_name_that_is_no_folder_name_fails_alone_and_writes_nothing_outside_its_own_folder(spark, pg_dsn, pg_conn,
+                                                                                             lake_root):
+    """Found by a cold attack: "../../x" wrote a Delta table outside the lake root, "../public/t"
+    into another table's folder, and "p%41q" / "h#y?z" stuck their tables for good (the JVM and
+    the Python reader disagreed on the folder)."""
+    prefix = f"esc_{uuid.uuid4().hex[:6]}"
+    victim = f"public.{prefix}_victim"
+    hostile = [f'public."../../{prefix}_out"', f'public."../public/{prefix}_victim"', f'public."{prefix}%41q"',
+               f'public."{prefix}#y?z"', f'public.".{prefix}"']
+    for name in [victim, *hostile]:
+        pg_conn.execute(f"CREATE TABLE {name} (id bigint PRIMARY KEY, v text)")
+        pg_conn.execute(f"INSERT INTO {name.replace('%', '%%')} SELECT g, %s || g FROM generate_series(1, 20) g",
+                        (name,))
+        pg_conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+
+    loaded, results = run_cycle(spark, pg_dsn, lake_root, 2, [victim, *hostile])
+    assert len(loaded) == 6
+    assert results[0].status == "loaded" and results[0].loaded_rows == 20, results[0]
+    for result in results[1:]:
+        assert result.status == "failed" and "has no lake folder of its own name" in result.error, result
+        assert "\n" not in result.error
+    root = Path(lake_root)
+    assert not (root.parent / f"{prefix}_out").exists()
+    assert sorted(p.name for p in (root / "public").iterdir() if p.name.startswith(f"{prefix}")) == [f"{prefix}_victim"]
+    lake = lake_live(spark, lake_root, victim, ["id"])
+    assert {k: (r["id"], r["v"]) for k, r in lake.items()} == \
+        {k: (r["id"], r["v"]) for k, r in pg_rows(pg_conn, f"SELECT id, v FROM {victim}", ["id"]).items()}
+    assert {r["v"] for r in lake.values()} == {f"{victim}{i}" for i in range(1, 21)}  # its own rows only
+    for name in hostile:  # the initial load still waits (for a rename or an administrator's lake_location)
+        [table] = registry.load(pg_conn, name)
+        assert base_load.load_state(pg_conn, table.table_id).pending, name

@@ -95,8 +95,8 @@ def cleanup_table(spark: SparkSession, conn: psycopg.Connection, table: Register
             maintenance_runs.start(conn, config.run_id, table.table_id, "cleanup")
         result = TableCleanup(table.qualified_name)
         try:
+            path = table.lake_path(config.lake_root)  # a table with no folder of its own is refused before evicting
             result.evicted_rows = evict(conn, table, config.dry_run) if config.evict else 0
-            path = table.lake_path(config.lake_root)
             with pg.lake_commit_lock(conn, table.table_id, path):
                 result.vacuumed_files = vacuum(spark, path, config)
             result.leftovers_removed = remove_own_leftovers(spark, path, config)

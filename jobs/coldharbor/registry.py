@@ -92,14 +92,21 @@ class RegisteredTable:
 # s3a key, a Hadoop Path and a delta-rs URL alike; everything else ('/', '\\', '%', '#', '?', ':',
 # glob characters, control characters...) is refused rather than escaped, so a name can never
 # leave the lake root or land in another table's folder ('../public/orders'), and the JVM and the
-# Python reader always agree on the folder ('p%41q' is 'pAq' to a URL parser).
-LAKE_FOLDER_PUNCTUATION = " _-$'\"`;,<>()!@&+=~^|."
+# Python reader always agree on the folder ('p%41q' is 'pAq' to a URL parser). Not '|' or '^'
+# (delta-rs refuses them in a URL), not '@' (Delta reads 'orders@v3' as orders at version 3), and
+# not the schema _coldharbor (Coldharbor's own files under the lake root).
+LAKE_FOLDER_PUNCTUATION = " _-$'\"`;,<>()!&+=~."
+
+
+OWN_FOLDER = "_coldharbor"
 
 
 def lake_folder_problem(name: str) -> str | None:
     """Why `name` cannot be a lake folder of its own, or None."""
     if not name or name.startswith("."):
         return f"{quote_ident(name)} is empty or starts with '.'"
+    if name == OWN_FOLDER:
+        return f"{name} is Coldharbor's own folder"
     unsafe = next((c for c in name if not (c.isalnum() or c in LAKE_FOLDER_PUNCTUATION)), None)
     if unsafe is not None:
         return f"{quote_ident(name)} holds {one_line(repr(unsafe))}"

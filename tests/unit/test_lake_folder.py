@@ -26,7 +26,8 @@ def test_names_a_user_types_are_their_own_folders(schema, name):
     ("..", "orders", "starts with '.'"), ("public", ".hidden", "starts with '.'"), ("public", "a/b", "holds '/'"),
     ("public", "a\\b", "holds '\\\\'"), ("public", "p%41q", "holds '%'"), ("public", "h#y?z", "holds '#'"),
     ("public", "c:d", "holds ':'"), ("public", "glob*", "holds '*'"), ("public", "new\nline", "holds '\\n'"),
-    ("public", "snow☃", "holds '☃'"), ("public", "", "is empty"),
+    ("public", "snow☃", "holds '☃'"), ("public", "", "is empty"), ("public", "orders@v3", "holds '@'"),
+    ("public", "a|b", "holds '|'"), ("public", "a^b", "holds '^'"), ("_coldharbor", "registry.json", "own folder"),
 ])
 def test_any_other_name_is_refused_in_one_line_naming_it(schema, name, shown):
     with pytest.raises(ConfigError) as refused:

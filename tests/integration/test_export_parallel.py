@@ -305,6 +305,6 @@ def test_a_name_that_is_no_folder_name_fails_alone_and_writes_nothing_outside_it
     assert {k: (r["id"], r["v"]) for k, r in lake.items()} == \
         {k: (r["id"], r["v"]) for k, r in pg_rows(pg_conn, f"SELECT id, v FROM {victim}", ["id"]).items()}
     assert {r["v"] for r in lake.values()} == {f"{victim}{i}" for i in range(1, 21)}  # its own rows only
-    for name in hostile:  # the initial load still waits (for a rename or an administrator's lake_location)
+    for name in hostile:  # the initial load still waits for an administrator's p_lake_location
         [table] = registry.load(pg_conn, name)
         assert base_load.load_state(pg_conn, table.table_id).pending, name

@@ -78,8 +78,10 @@ def parse_args(argv: list[str]) -> ExportConfig:
 
 def needs_spark(conn: psycopg.Connection, table: RegisteredTable) -> bool:
     """Whether the table has dirty changes, an unfinished batch or an initial load to write; cheap
-    probes. A pending load with nothing to read (an empty table) is settled here, without Spark."""
+    probes. A pending load with nothing to read (an empty table) is settled here, without Spark.
+    A ColdharborError (the job's role may not read a pending table) refuses this table alone."""
     if base_load.load_state(conn, table.table_id).pending:
+        registry.require_privileges(conn, table)
         with pg.advisory_lock(conn, "export", table.table_id) as acquired:
             if not acquired or not base_load.settle_without_spark(conn, table):
                 return True
@@ -364,7 +366,14 @@ def main(argv: list[str]) -> int:
             # others still export.
             refused, usable = registry.left_out(tables)
             results = [TableResult(t.qualified_name, "failed", error=why) for t, why in refused]
-            todo = [t for t in usable if needs_spark(conn, t)]
+            todo = []
+            for table in usable:
+                try:
+                    if needs_spark(conn, table):
+                        todo.append(table)
+                except ColdharborError as exc:
+                    log.warning("%s not exported: %s", table.qualified_name, exc)
+                    results.append(TableResult(table.qualified_name, "failed", error=str(exc)))
             if not todo and not results:
                 log.info("nothing dirty in %s registered table(s); no Spark session started", len(tables))
                 return 0

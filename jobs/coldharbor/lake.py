@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from coldharbor import lake_store
+from coldharbor import spark as spark_sessions
 from coldharbor.errors import ColdharborError, ConfigError, LakeUnavailableError
 from coldharbor.lake_rows import BATCH_ID, CHANGED_AT, METADATA_COLUMNS, SEQ
 
@@ -60,7 +61,9 @@ WRITE_PROBE = "_coldharbor_write_probe"
 
 
 def ensure_writable(spark: SparkSession, path: str) -> None:
-    """Creates the table folder if needed and proves a file can be written there."""
+    """Creates the table folder if needed and proves a file can be written there, under its own
+    name by Spark too."""
+    spark_sessions.require_utf8_file_names(spark, path)
     try:
         lake_store.probe_writable(path, WRITE_PROBE)
     except LakeUnavailableError as exc:

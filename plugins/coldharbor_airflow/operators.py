@@ -158,7 +158,7 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
             self._hook = None
 
     def _apply(self, delivery: DsnDelivery, spark_conn: Connection, lake_root: str, folder: Path) -> None:
-        from coldharbor.spark import ivy_dir, maven_packages
+        from coldharbor.spark import ivy_dir, jvm_environment, maven_packages
 
         bin_dir = str(Path(sys.executable).parent)  # spark-submit of this environment comes first
         self.application_args = [*self.job_args, "--lake-root", lake_root]
@@ -169,6 +169,10 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
                          "PYTHONPATH": os.pathsep.join(filter(None, [str(JOBS_DIR), os.environ.get("PYTHONPATH")])),
                          "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
                          "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+        # spark-submit's JVM gets the worker's environment and these; with a UTF-8 locale.
+        locale = jvm_environment({**os.environ, **self.env_vars}).get("LC_ALL")
+        if locale:
+            self.env_vars["LC_ALL"] = locale
         self.files = ",".join(filter(None, [self.files, *delivery.files])) or None
         self.py_files = package_zip(folder)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

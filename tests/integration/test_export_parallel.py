@@ -308,3 +308,28 @@ def test_a_name_that_is_no_folder_name_fails_alone_and_writes_nothing_outside_it
     for name in hostile:  # the initial load still waits for an administrator's p_lake_location
         [table] = registry.load(pg_conn, name)
         assert base_load.load_state(pg_conn, table.table_id).pending, name
+
+
+def test_a_pending_table_the_job_may_not_read_fails_alone_in_the_job(spark, own_database, lake_root, monkeypatch,
+                                                                     caplog):
+    """Found by a cold attack: a table registered with rows and not loaded yet, SELECT revoked from
+    the jobs' login, stopped the whole cycle before any table exported ("PostgreSQL refused the
+    job's role"); now it is one failed table, named, and the others export."""
+    admin_dsn, pg_dsn = own_database
+    prefix = f"rv_{uuid.uuid4().hex[:6]}"
+    with pg.connect(admin_dsn) as conn:
+        for name in (f"{prefix}_ok", f"{prefix}_revoked"):
+            conn.execute(f"CREATE TABLE {name} (id bigint PRIMARY KEY, v text)")
+            conn.execute(f"INSERT INTO {name} SELECT g, 'v' || g FROM generate_series(1, 40) g")
+            conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+        conn.execute(f"REVOKE SELECT ON {prefix}_revoked FROM coldharbor_pipeline")
+        monkeypatch.setenv(settings.PG_DSN_ENV, pg_dsn)
+        assert export.main(["--lake-root", lake_root]) == 2
+        failed = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(failed) == 1 and f"public.{prefix}_revoked" in failed[0], failed
+        assert "lacks SELECT" in caplog.text
+        lake = lake_live(spark, lake_root, f"public.{prefix}_ok", ["id"])
+        assert sorted(k[0] for k in lake) == list(range(1, 41))
+        [revoked] = registry.load(conn, f"{prefix}_revoked")
+        assert base_load.load_state(conn, revoked.table_id).pending
+        assert not (Path(lake_root) / "public" / f"{prefix}_revoked").exists()

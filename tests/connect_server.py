@@ -47,14 +47,14 @@ def server_env() -> dict[str, str]:
 
 
 @contextmanager
-def running_server(folder: Path) -> Iterator[ConnectServer]:
-    """A Spark Connect server on a free port of 127.0.0.1, logging to folder/server.log; stopped
-    with its whole process group (spark-submit and its JVM) at the end."""
+def running_server(folder: Path, env: dict[str, str] | None = None) -> Iterator[ConnectServer]:
+    """A Spark Connect server on a free port of 127.0.0.1, logging to folder/server.log (`env` added
+    to its environment); stopped with its whole process group (spark-submit and its JVM) at the end."""
     port = free_port()
     log = folder / "server.log"
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, "-m", "coldharbor.engine", "serve", "--port", str(port),
-                                    "--master", "local[2]"], env=server_env(), stdout=out,
+                                    "--master", "local[2]"], env={**server_env(), **(env or {})}, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     server = ConnectServer(f"sc://127.0.0.1:{port}", process, log)
     try:

@@ -234,6 +234,7 @@ def main(argv: list[str]) -> int:
     try:
         command, config, state_file, private_network = parse_args(argv)
         check_bind(config.bind, private_network)
+        server_command(config)  # its settings checked before a server starts (and is started again)
     except ConfigError as exc:
         print(f"coldharbor.engine: {exc}", file=sys.stderr)
         return 2

@@ -51,7 +51,7 @@ SERVER_CONF = {
     "spark.ui.enabled": "false",
     # The driver's heap (local mode: the executors' too). Spark's 1g filled up in a long-lived engine
     # (the test suite's, after ~1,000 tests) until a broadcast of a few rows failed for memory.
-    "spark.driver.memory": os.environ.get("COLDHARBOR_DRIVER_MEMORY", "2g"),
+    "spark.driver.memory": os.environ.get(settings.DRIVER_MEMORY_ENV, "2g"),
     # Without the UI, nothing reads the status store's history of jobs, stages and SQL executions
     # (each with its plan's metrics); a warm engine kept 1,000 of each for good.
     "spark.sql.ui.retainedExecutions": "50",
@@ -86,6 +86,7 @@ def ivy_dir() -> str:
 
 
 def session_conf(master: str | None = None) -> dict[str, str]:
+    settings.check_spark_settings()
     conf = dict(DEFAULT_CONF)
     conf["spark.jars.packages"] = ",".join(maven_packages())
     conf["spark.jars.ivy"] = ivy_dir()
@@ -256,6 +257,7 @@ def connect_session(url: str, app_name: str):
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
     wait_s = settings.spark_remote_wait_seconds()
+    settings.check_spark_settings()
     # The job's name travels as the client's user agent (the server's log and UI show it).
     named = url if "user_agent=" in url else f"{url.rstrip('/')}{';' if '/;' in url else '/;'}user_agent={app_name}"
     # PySpark's own builder (not the Connect module's) also switches pyspark.sql.functions and the

@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from coldharbor import base_load, batches, faults, hot_reader, lake, pg, registry, settings
 from coldharbor import spark as spark_sessions
 from coldharbor.errors import ColdharborError, LakeUnavailableError, raise_if_tables_failed
-from coldharbor.job_main import run_job
+from coldharbor.job_main import reason, run_job
 from coldharbor.lake_rows import to_lake_rows
 from coldharbor.registry import RegisteredTable
 from coldharbor.unified import table_contract
@@ -125,7 +125,7 @@ def run(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, conf
                         session = spark_sessions.sibling_session(spark, "coldharbor-cdc-export")
                     except Exception as exc:  # noqa: BLE001 - the other workers go on
                         log.warning("an export worker could not start (%s); the others export its tables",
-                                    str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+                                    reason(exc))
                         return
                     sessions.append(session)
                 while not stop.is_set():
@@ -151,8 +151,7 @@ def run(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, conf
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     for extra in failures[1:]:
-        log.warning("another export worker failed too: %s", str(extra).splitlines()[0][:300] if str(extra) else
-                    type(extra).__name__)
+        log.warning("another export worker failed too: %s", reason(extra))
     if failures:
         raise failures[0]
     return [r for r in results if r is not None]

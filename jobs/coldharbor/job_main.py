@@ -64,6 +64,23 @@ def unexpected(exc: BaseException) -> str:
     return one_line(f"an error no check foresaw{where}: {type(exc).__name__}: {jvm_message(exc)}")
 
 
+def reason(exc: BaseException) -> str:
+    """One line saying why `exc` happened, for a record or a warning beside the job's own error line:
+    a lost PostgreSQL or Spark Connect server as the job would name it, a ColdharborError's message,
+    else the JVM cause or the first line (never a multi-line gRPC or JVM repr)."""
+    from coldharbor.lake import jvm_message
+    from coldharbor.pg import lost_postgres
+    from coldharbor.registry import one_line
+    from coldharbor.spark import lost_spark
+
+    lost = lost_postgres(exc) or lost_spark(exc)
+    if lost is not None:
+        return one_line(str(lost))[:500]
+    if isinstance(exc, ColdharborError):
+        return one_line(str(exc))[:500]
+    return one_line(jvm_message(exc) if str(exc).strip() else type(exc).__name__)[:500]
+
+
 def keep_traceback(name: str, exc: BaseException) -> Path | None:
     """Writes `exc`'s traceback to a file of its own (COLDHARBOR_TRACEBACK_DIR, else the temporary
     folder) for the bug report, and returns it; None when it cannot be written."""

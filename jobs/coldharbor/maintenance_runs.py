@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 import psycopg
 
 from coldharbor.errors import TableBusyError
+from coldharbor.job_main import reason
 
 
 def new_run_id(kind: str) -> str:
@@ -42,5 +43,5 @@ def recorded(conn: psycopg.Connection, run_id: str, table_id: int, kind: str) ->
         yield
     except Exception as exc:
         state = "skipped" if isinstance(exc, TableBusyError) else "failed"
-        finish(conn, run_id, table_id, kind, state, error=(str(exc).splitlines() or [type(exc).__name__])[0][:500])
+        finish(conn, run_id, table_id, kind, state, error=reason(exc))
         raise

@@ -175,6 +175,25 @@ def spark_remote_wait_seconds() -> float:
                           lambda seconds: 0 <= seconds <= 3600, "between 0 and 3600 seconds")
 
 
+# Spark settings the environment tunes (read by coldharbor.spark when it is imported), checked
+# before a session or server starts: a bad one made a JVM that never started, which the engine's
+# supervisor then started again for good.
+SPARK_TASK_SETTINGS = ("COLDHARBOR_SHUFFLE_PARTITIONS", "COLDHARBOR_DELTA_SNAPSHOT_PARTITIONS",
+                       "COLDHARBOR_LISTING_PARALLELISM")
+DRIVER_MEMORY_ENV = "COLDHARBOR_DRIVER_MEMORY"
+JVM_SIZE = re.compile(r"[1-9][0-9]{0,6}[kmgt]", re.IGNORECASE)  # a JVM size with its unit: 2g, 1536m
+
+
+def check_spark_settings() -> None:
+    """ConfigError naming the first of the Spark settings above that is malformed."""
+    for name in SPARK_TASK_SETTINGS:
+        number_setting(name, 1, "tasks", lambda n: n == int(n) and 1 <= n <= 100_000,
+                       "a whole number from 1 to 100000")
+    memory = os.environ.get(DRIVER_MEMORY_ENV)
+    if memory is not None and not JVM_SIZE.fullmatch(memory):
+        raise ConfigError(f"{DRIVER_MEMORY_ENV}={memory!r} is not a JVM memory size such as 2g or 1536m")
+
+
 def jdbc_readers() -> int | None:
     """COLDHARBOR_JDBC_READERS: the JDBC readers of one PostgreSQL read, or None (Spark's default
     parallelism)."""

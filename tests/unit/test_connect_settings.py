@@ -84,3 +84,49 @@ def test_a_lost_server_is_one_error_naming_it_only_on_connect(monkeypatch):
     assert isinstance(error, SparkUnavailableError)
     assert "sc://127.0.0.1:1 is unreachable" in str(error) and "\n" not in str(error)
     assert spark.lost_spark(ValueError("[DIVIDE_BY_ZERO] Division by zero")) is None
+
+
+@pytest.mark.parametrize("env, locale", [
+    ({"LC_ALL": "C"}, "C.UTF-8"),
+    ({"LANG": "POSIX"}, "C.UTF-8"),
+    ({}, "C.UTF-8"),
+    ({"LC_ALL": "xx_YY.UTF-8"}, "C.UTF-8"),  # names UTF-8, but no such locale here
+    ({"LC_ALL": "C", "LC_CTYPE": "C.UTF-8"}, "C.UTF-8"),  # LC_ALL wins in the JVM too
+])
+def test_every_jvm_coldharbor_starts_gets_a_utf8_locale(env, locale):
+    assert spark.jvm_environment(env)["LC_ALL"] == locale
+
+
+def test_a_usable_utf8_locale_is_left_alone():
+    assert "LC_ALL" not in spark.jvm_environment({"LC_CTYPE": "C.UTF-8", "LANG": "C"})
+    assert spark.jvm_environment({"LANG": "C.utf8", "X": "1"}) == {"LANG": "C.utf8", "X": "1"}
+
+
+@pytest.mark.parametrize("name, raw, message", [
+    ("COLDHARBOR_SHUFFLE_PARTITIONS", "4 ", "is not a number of tasks"),
+    ("COLDHARBOR_DELTA_SNAPSHOT_PARTITIONS", "1.5", "must be a whole number from 1 to 100000"),
+    ("COLDHARBOR_DRIVER_MEMORY", "lots", "is not a JVM memory size"),
+    ("COLDHARBOR_DRIVER_MEMORY", "-2g", "is not a JVM memory size"),
+])
+def test_a_bad_spark_setting_is_refused_before_any_session_starts(monkeypatch, name, raw, message):
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(ConfigError, match=f"{name}.*{message}"):
+        spark.connect_session("sc://127.0.0.1:1", "test")  # no server there: refused before it is asked
+    with pytest.raises(ConfigError, match=f"{name}.*{message}"):
+        spark.session_conf("local[1]")
+
+
+def test_a_recorded_reason_is_one_line_never_a_grpc_or_jvm_repr(monkeypatch):
+    """What maintenance_runs.error and the export's worker warnings keep of an exception."""
+    from coldharbor.errors import LakeUnavailableError
+    from coldharbor.job_main import reason
+
+    monkeypatch.setenv(settings.SPARK_REMOTE_ENV, "sc://127.0.0.1:1")
+    lost = RuntimeError('<_InactiveRpcError of RPC that terminated with:\n\tstatus = StatusCode.UNAVAILABLE\n\t'
+                        'details = "failed to connect to all addresses"\n\tdebug_error_string = "UNKNOWN:..."\n>')
+    assert reason(lost).startswith("the Spark Connect server at sc://127.0.0.1:1 is unreachable")
+    jvm = RuntimeError("An error occurred while calling o123.save.\n: org.apache.spark.SparkException: "
+                       "Job aborted.\n\tat org.apache.spark.sql.X(X.scala:1)")
+    assert reason(jvm) == ": org.apache.spark.SparkException: Job aborted."
+    assert reason(LakeUnavailableError("table \"a\nb\" gone")) == 'table "a\\nb" gone'
+    assert reason(KeyError()) == "KeyError"

@@ -67,16 +67,25 @@ def test_a_wildcard_or_public_address_is_refused_even_on_a_private_network(addre
 
 @pytest.mark.parametrize("args, message", [
     (["serve", "--bind", "0.0.0.0"], "is not a loopback address"),
+    (["supervise", "DRIVER_MEMORY=2 GB"], "COLDHARBOR_DRIVER_MEMORY='2 GB' is not a JVM memory size"),
+    (["serve", "DRIVER_MEMORY=2"], "COLDHARBOR_DRIVER_MEMORY='2' is not a JVM memory size"),
+    (["supervise", "SHUFFLE_PARTITIONS=four"], "COLDHARBOR_SHUFFLE_PARTITIONS='four' is not a number of tasks"),
+    (["serve", "LISTING_PARALLELISM=0"], "COLDHARBOR_LISTING_PARALLELISM must be a whole number from 1 to 100000"),
     (["supervise", "--bind", "0.0.0.0", "--private-network"], "not a loopback or private address"),
     (["serve", "--port", "70000"], "is not a TCP port"),
     (["serve", "--conf", "fs.s3a.endpoint"], "expected spark.<name>=<value>"),
     (["serve", "--bind", "no-such-host.invalid", "--private-network"], "cannot resolve it"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2_before_anything_starts(args, message, tmp_path):
+    """An argument, or a setting (NAME=value: COLDHARBOR_NAME in the environment) the server's JVM
+    would not start with, which `supervise` would start again and again."""
+    settings_ = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("-"))
+    args = [a for a in args if not ("=" in a and not a.startswith("-"))]
     done = subprocess.run([sys.executable, "-m", "coldharbor.engine", *args,
                            "--state-file", str(tmp_path / "state.json")],
                           capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(settings.PROJECT_DIR / "jobs")})
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(settings.PROJECT_DIR / "jobs"),
+                               **{f"COLDHARBOR_{k}": v for k, v in settings_.items()}})
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr

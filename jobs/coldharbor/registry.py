@@ -76,16 +76,21 @@ class RegisteredTable:
     def lake_path(self, lake_root: str) -> str:
         """The registration's lake_location (an administrator's), else <root>/<schema>/<table>;
         ConfigError when a name is not a safe folder name (`lake_folder_problem`)."""
-        if self.lake_location:
-            return self.lake_location
-        for part in (self.schema_name, self.table_name):
-            problem = lake_folder_problem(part)
-            if problem:
-                raise ConfigError(
-                    f"{self.quoted_name} has no lake folder of its own name: {problem}; a folder name holds letters, "
-                    f"digits, spaces and {LAKE_FOLDER_PUNCTUATION.strip()} only, not starting with '.': an "
-                    "administrator registers it again with a p_lake_location")
-        return f"{lake_root}/{self.schema_name}/{self.table_name}"
+        return lake_path(self.schema_name, self.table_name, self.lake_location, lake_root)
+
+
+def lake_path(schema_name: str, table_name: str, lake_location: str | None, lake_root: str) -> str:
+    """A registered table's lake folder (RegisteredTable.lake_path), for callers with its catalog row."""
+    if lake_location:
+        return lake_location
+    for part in (schema_name, table_name):
+        problem = lake_folder_problem(part)
+        if problem:
+            raise ConfigError(
+                f"{quote_ident(schema_name)}.{quote_ident(table_name)} has no lake folder of its own name: {problem}; "
+                f"a folder name holds letters, digits, spaces and {LAKE_FOLDER_PUNCTUATION.strip()} only, not "
+                "starting with '.': an administrator registers it again with a p_lake_location")
+    return f"{lake_root}/{schema_name}/{table_name}"
 
 
 # What a schema or table name may hold to be its own lake folder. Known safe in a local path, an

@@ -47,11 +47,26 @@ def _cell(value: Any) -> str:
     return html.escape(str(value))
 
 
-def _lake_path(row: dict[str, Any]) -> str | None:
-    if row["lake_location"]:
-        return row["lake_location"]
+NO_LAKE_ROOT = "unavailable: no lake root configured"
+NO_OWN_FOLDER = "none: its name is no folder name; an administrator registers it again with a p_lake_location"
+
+
+def _lake_files(row: dict[str, Any]) -> tuple[Any, float | None]:
+    """(file count, average size) of the table's lake folder, found as the jobs find it; or a
+    sentence why there is none."""
+    from coldharbor.errors import ConfigError
+    from coldharbor.registry import lake_path
+    from coldharbor_airflow.lake_files import file_figures
+
     root = os.environ.get("COLDHARBOR_LAKE_ROOT")
-    return f"{root.rstrip('/')}/{row['name'].replace('.', '/')}" if root else None
+    if not (row["lake_location"] or root):
+        return NO_LAKE_ROOT, None
+    try:
+        path = lake_path(row["schema_name"], row["table_name"], row["lake_location"], (root or "").rstrip("/"))
+    except ConfigError:
+        return NO_OWN_FOLDER, None
+    files = file_figures(path)
+    return files if isinstance(files, tuple) else (files, None)
 
 
 def _load_cell(row: dict[str, Any]) -> str:
@@ -80,13 +95,9 @@ def _verify_cell(row: dict[str, Any]) -> str:
 
 
 def render(figures: dict[str, Any]) -> str:
-    from coldharbor_airflow.lake_files import file_figures
-
     rows = []
     for t in figures["tables"]:
-        path = _lake_path(t)
-        files = file_figures(path) if path else "unavailable: no lake root configured"
-        count, average = (files if isinstance(files, tuple) else (files, None))
+        count, average = _lake_files(t)
         lag = t["freshness_lag_s"]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in [
             _cell(t["name"]), _cell(t["dirty_rows"]),

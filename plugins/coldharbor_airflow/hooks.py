@@ -123,7 +123,8 @@ class ColdharborHook(BaseHook):
         """The figures of the health page, per table and for recent report runs, from PostgreSQL."""
         with self.connect() as conn:
             cur = conn.execute("""
-                SELECT t.table_id, t.schema_name || '.' || t.table_name AS name, t.lake_location,
+                SELECT t.table_id, t.schema_name || '.' || t.table_name AS name, t.schema_name, t.table_name,
+                       t.lake_location,
                        d.dirty_rows, extract(epoch FROM now() - d.oldest_dirty) AS freshness_lag_s,
                        e.batch_id AS last_batch, e.finished_at AS last_export_at, e.lake_version AS last_export_version,
                        e.row_count AS last_export_rows,

@@ -229,3 +229,27 @@ def test_a_table_dropped_and_created_again_shows_it_with_its_name_escaped(airflo
     row = next(line for line in page.split("<tr>") if html.escape(f"public.{name}") in line)
     assert "dropped and created again since it was registered: its writes are not captured" in row
     assert "<b>x</b>" not in page
+
+
+def test_the_page_finds_each_tables_lake_folder_as_the_jobs_do(airflow_home, spark, pg_dsn, pg_conn, table_name,
+                                                               tmp_path, monkeypatch):
+    """Found by a cold attack: the page made the folder of "public.t.v" public/t/v (the jobs write
+    public/"t.v"), and showed a folder for a name the jobs refuse as a folder ("../x")."""
+    import html
+
+    from coldharbor_airflow import health_page
+
+    lake_root = str(tmp_path / "lake")
+    monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", lake_root)
+    dotted, hostile = f"{table_name}.v", f"../{table_name}"
+    for name in (dotted, hostile):
+        pg_conn.execute(f'CREATE TABLE public."{name}" (id bigint PRIMARY KEY, v text)')
+        pg_conn.execute(f'INSERT INTO public."{name}" SELECT g, \'v\' FROM generate_series(1, 30) g')
+        pg_conn.execute("SELECT coldharbor.register_table(%s)", (f'public."{name}"',))
+    export(spark, pg_dsn, f'public."{dotted}"', lake_root)
+    page = health_page.build_page()
+    files = table_cells(page, dotted)[6]
+    assert files.isdigit() and int(files) >= 1, table_cells(page, dotted)
+    row = next(line for line in page.split("<tr>") if html.escape(f"public.{hostile}") in line)
+    assert html.escape(health_page.NO_OWN_FOLDER) in row
+    assert lake_root not in page

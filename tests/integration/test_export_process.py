@@ -127,6 +127,22 @@ def test_nothing_dirty_exits_without_starting_spark(pg_dsn, pg_conn, table_name,
     assert "nothing dirty in 1 registered table(s); no Spark session started" in result.stderr
 
 
+@pytest.mark.parametrize("name, raw, message", [
+    ("COLDHARBOR_SPARK_REMOTE", "sc://127.0.0.1:15002/;session_id=x", "COLDHARBOR_SPARK_REMOTE"),
+    ("COLDHARBOR_DRIVER_MEMORY", "2 GB", "is not a JVM memory size"),
+    ("COLDHARBOR_EXPORT_WORKERS", "0", "COLDHARBOR_EXPORT_WORKERS must be"),
+])
+def test_a_bad_setting_is_refused_by_a_cycle_with_nothing_dirty_too(pg_dsn, pg_conn, table_name, lake_root,
+                                                                      name, raw, message):
+    """Found by a cold attack: a malformed COLDHARBOR_SPARK_REMOTE went unnoticed until the first
+    cycle with changes to export, and then failed that one."""
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    result = run_job("--table", table_name, "--lake-root", lake_root, env={"COLDHARBOR_PG_DSN": pg_dsn, name: raw})
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
 def test_sigkill_is_a_real_kill_not_an_exception():
     """The crash hook ends the process by SIGKILL: no finally block, no cleanup runs."""
     code = ("import os, sys; sys.path.insert(0, 'jobs'); os.environ['COLDHARBOR_CRASH_AT'] = 'x'\n"

@@ -17,10 +17,12 @@ from collections.abc import Mapping
 import psycopg
 from psycopg import sql
 from pyspark.sql import DataFrame
+from pyspark.sql import types as T
 
 from coldharbor import faults, lake, report_tables
-from coldharbor.errors import LakeUnavailableError
+from coldharbor.errors import LakeUnavailableError, ReportError
 from coldharbor.pg import JdbcTarget
+from coldharbor.registry import one_line
 from coldharbor.report_spec import REPORTS_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -32,8 +34,28 @@ def stage_name(target: str) -> str:
     return f"{STAGE_PREFIX}{target}_{uuid.uuid4().hex[:8]}"
 
 
+# What a PostgreSQL report table holds: the Spark types the JDBC writer maps to a PostgreSQL type,
+# and arrays of them.
+POSTGRES_SCALARS = (T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType,
+                    T.DecimalType, T.StringType, T.BinaryType, T.DateType, T.TimestampType, T.TimestampNTZType)
+
+
+def require_postgres_columns(schema: T.StructType) -> None:
+    """ReportError naming the first column a PostgreSQL report table cannot hold (a struct, a map,
+    an interval, a NULL of no type), before anything is written."""
+    for field in schema.fields:
+        kind = field.dataType.elementType if isinstance(field.dataType, T.ArrayType) else field.dataType
+        if not isinstance(kind, POSTGRES_SCALARS):
+            raise ReportError(
+                f"column {one_line(repr(field.name))} of the report is {field.dataType.simpleString()}, which a "
+                "PostgreSQL report table cannot hold (it holds booleans, numbers, text, bytes, dates, timestamps and "
+                "arrays of them): cast it in the report's SELECT, e.g. to_json(...), or write the report to the "
+                "lake (sink delta)")
+
+
 def write_postgres(result: DataFrame, conn: psycopg.Connection, jdbc: JdbcTarget, target: str) -> int:
     """Writes `result` to reports.<target>, atomically for readers; returns the row count."""
+    require_postgres_columns(result.schema)
     stage = stage_name(target)
     try:
         (faults.inside_tasks(result, "report_during_write").write.format("jdbc").options(**jdbc.options())

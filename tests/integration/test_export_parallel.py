@@ -333,3 +333,29 @@ def test_a_pending_table_the_job_may_not_read_fails_alone_in_the_job(spark, own_
         [revoked] = registry.load(conn, f"{prefix}_revoked")
         assert base_load.load_state(conn, revoked.table_id).pending
         assert not (Path(lake_root) / "public" / f"{prefix}_revoked").exists()
+
+
+def test_a_table_registered_again_at_its_old_folder_goes_on_where_it_stopped(spark, pg_dsn, pg_conn, lake_root):
+    """The README's upgrade step for a table whose name is no longer a folder name: registered
+    again naming the folder it has, its load state, batches and dirty changes stay and the export
+    appends to that folder."""
+    name = f'public."up_{uuid.uuid4().hex[:6]}:v2"'
+    folder_name = name.split('"')[1]
+    folder = f"{lake_root}/public/{folder_name}"
+    pg_conn.execute(f"CREATE TABLE {name} (id bigint PRIMARY KEY, v text)")
+    pg_conn.execute(f"INSERT INTO {name} SELECT g, 'v' || g FROM generate_series(1, 30) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_lake_location => %s)", (name, folder))  # as before
+    run_cycle(spark, pg_dsn, lake_root, 1, [name])
+    pg_conn.execute(f"UPDATE {name} SET v = v || '!' WHERE id <= 10")
+    [table] = registry.load(pg_conn, name)
+    batches_before = pg_conn.execute("SELECT count(*) FROM coldharbor.export_batches WHERE table_id = %s",
+                                     (table.table_id,)).fetchone()[0]
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_lake_location => %s)", (name, folder))
+    assert not base_load.load_state(pg_conn, table.table_id).pending
+    assert hot_reader.has_dirty(pg_conn, table.table_id)
+    assert pg_conn.execute("SELECT count(*) FROM coldharbor.export_batches WHERE table_id = %s",
+                           (table.table_id,)).fetchone()[0] == batches_before
+    _, [result] = run_cycle(spark, pg_dsn, lake_root, 1, [name])
+    assert result.status == "exported" and result.rows == 10, result
+    lake = {k: r["v"] for k, r in lake_live(spark, lake_root, f"public.{folder_name}", ["id"]).items()}
+    assert lake == {k: r["v"] for k, r in pg_rows(pg_conn, f"SELECT id, v FROM {name}", ["id"]).items()}

@@ -301,3 +301,32 @@ def test_a_batch_commit_is_found_behind_newer_commits(spark, lake_root):
     assert [lake.find_batch_commit(spark, path, "app", b) for b in (9, 5, 2, 1)] == [8, 4, 1, 0]
     assert lake.find_batch_commit(spark, path, "app", 10) is None
     assert lake.find_batch_commit(spark, path, "other", 1) is None
+
+
+def test_marking_a_batch_never_plans_a_nested_loop_on_statistics_without_dirty_rows(pg_conn, table_name):
+    """Found measuring a 1M-row export (and by the cold attack, as an export hung in its mark with
+    the table's lock held): with statistics taken while the table had nothing dirty, PostgreSQL
+    planned the mark as a nested loop over the batch's change ids per dirty row, quadratic (a
+    300,000-row mark ran for more than 5 minutes)."""
+    from coldharbor import batches, registry
+
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v int)")
+    pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 0 FROM generate_series(1, 5000) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    pg_conn.execute("UPDATE coldharbor.tables SET load_state = 'loaded' WHERE table_name = %s", (table_name,))
+    [table] = registry.load(pg_conn, table_name)
+    pg_conn.execute(f"UPDATE {table_name} SET v = 1")
+    with pg_conn.transaction():
+        first = batches.begin(pg_conn, table, "test", 5000)
+    assert batches.mark_flushed(pg_conn, table.table_id, first.batch_id, 1, lambda point: None) == 5000
+    pg_conn.execute("ANALYZE coldharbor.change_log")  # nothing of the table is dirty now
+    pg_conn.execute(f"UPDATE {table_name} SET v = 2")
+    with pg_conn.transaction():
+        batch = batches.begin(pg_conn, table, "test", 5000)
+        pg_conn.execute(batches.MARK_PLANNING)
+        plan = "\n".join(r[0] for r in pg_conn.execute(
+            "EXPLAIN " + batches.MARK, {"version": 2, "table": table.table_id, "batch": batch.batch_id}))
+    assert "Nested Loop" not in plan, plan
+    assert batches.mark_flushed(pg_conn, table.table_id, batch.batch_id, 2, lambda point: None) == 5000
+    assert pg_conn.execute("SELECT count(*) FROM coldharbor.change_log WHERE table_id = %s AND flushed_at IS NULL",
+                           (table.table_id,)).fetchone()[0] == 0

@@ -133,7 +133,8 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
             all_keys |= lake_matches - current
             with pg.lake_commit_lock(conn, table.table_id, path):
                 result.lake_rows_deleted, result.lake_version = _merge_delete(
-                    spark, path, rows.schema, key_names, sorted(all_keys, key=repr), predicate, config)
+                    spark, path, rows.schema, key_names, sorted(all_keys, key=repr), predicate, config,
+                    table.partition_by)
         result.keys_purged = len(all_keys)
         where, params = _change_log_of(conn, table, keys, all_keys)
         result.change_log_deleted = conn.execute(
@@ -245,7 +246,7 @@ def _as_lake_value(column: LakeColumn) -> sql.Composable:
 
 
 def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], keys: list[tuple],
-                  predicate: Predicate, config: PurgeConfig) -> tuple[int, int]:
+                  predicate: Predicate, config: PurgeConfig, partition_by: Sequence[str]) -> tuple[int, int]:
     """One Delta commit: every version of the purged keys, and every other matching live version."""
     key_schema = ", ".join(f"{quoted(k)} {schema[k].dataType.simpleString()}" for k in key_names)
     source = f"_ch_purge_keys_{uuid.uuid4().hex}"
@@ -255,6 +256,10 @@ def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], 
     # MERGE names its target by path only as an identifier: path identifiers are on for this
     # statement alone (a purge runs no report SQL).
     merge_conf = {"spark.databricks.delta.commitInfo.userMetadata": metadata, "spark.sql.runSQLOnFiles": "true"}
+    if any("." in name or "`" in name for name in partition_by):
+        # Delta's MERGE repartitions its output by the partition columns named as strings that it
+        # parses (a '.' or a backtick fails the statement): such a table's purge writes without.
+        merge_conf["spark.databricks.delta.merge.repartitionBeforeWrite.enabled"] = "false"
     try:
         with temporary_conf(spark, merge_conf):
             spark.sql(f"MERGE INTO {lake.path_identifier(path)} AS t USING {source} AS s ON {on} "

@@ -21,7 +21,7 @@ from coldharbor import registry
 from coldharbor.base_load import RebaseWindow
 from coldharbor.errors import ReportError
 from coldharbor.hot_snapshot import HotSnapshot, HotTable
-from coldharbor.lake_rows import CHANGED_AT, FIRST_CHANGED_AT
+from coldharbor.lake_rows import CHANGED_AT, FIRST_CHANGED_AT, column
 from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.unified import cold_live
 
@@ -106,11 +106,11 @@ def lake_as_of(rows: DataFrame, columns: Sequence[LakeColumn], as_of: datetime, 
     naming the nearest instants that are exact.
     """
     if FIRST_CHANGED_AT in rows.columns:
-        spans = rows.filter((F.col(FIRST_CHANGED_AT) <= F.lit(as_of)) & (F.col(CHANGED_AT) > F.lit(as_of)))
+        spans = rows.filter((column(FIRST_CHANGED_AT) <= F.lit(as_of)) & (column(CHANGED_AT) > F.lit(as_of)))
         iso = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # in the session's zone (UTC), with it
         found = spans.agg(F.count(F.lit(1)).alias("keys"),
-                          F.date_format(F.min(FIRST_CHANGED_AT), iso).alias("start"),
-                          F.date_format(F.max(CHANGED_AT), iso).alias("end")).first()
+                          F.date_format(F.min(column(FIRST_CHANGED_AT)), iso).alias("start"),
+                          F.date_format(F.max(column(CHANGED_AT)), iso).alias("end")).first()
         if found["keys"]:
             raise ReportError(
                 f"as-of {as_of.isoformat()} cannot be answered exactly for {table}: {found['keys']} key(s) changed "

@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 
 from coldharbor import faults, lake, lake_values, pg, registry, table_reader
 from coldharbor.errors import ConfigError, LakeUnavailableError, TableBusyError
-from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, latest_per_key, to_lake_rows
+from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, column, latest_per_key, to_lake_rows
 from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.spark import base_parallelism
 from coldharbor.unified import table_contract
@@ -191,7 +191,8 @@ def lake_sequences(spark: SparkSession, path: str, keys: Sequence[str]) -> DataF
     if version is None:
         return None
     newest = lake.read_version(spark, path, version).transform(latest_per_key(keys))
-    return newest.select(*keys, F.col(SEQ).alias("_ch_lake_seq"), (~F.col(DELETED)).alias("_ch_lake_live"))
+    return newest.select(*map(column, keys), column(SEQ).alias("_ch_lake_seq"),
+                         (~column(DELETED)).alias("_ch_lake_live"))
 
 
 SEQUENCE_WAIT_S = 60
@@ -210,7 +211,7 @@ def advance_change_sequence(conn: psycopg.Connection, lake_keys: DataFrame, tabl
     line, before the base records its intent.
     """
     try:
-        newest = lake_keys.agg(F.max("_ch_lake_seq")).first()[0]
+        newest = lake_keys.agg(F.max(column("_ch_lake_seq"))).first()[0]
     except Exception as exc:
         if not lake.files_gone(exc):
             raise
@@ -253,11 +254,12 @@ def base_rows(snapshot_rows: DataFrame, lake_keys: DataFrame | None, columns: Se
     else:
         present = snapshot_rows.withColumn("_ch_present", F.lit(True))
         joined = present.join(lake_keys, on=keys, how="full_outer")
-        kept = F.col("_ch_present").isNotNull() if tiered else F.col("_ch_present").isNotNull() | F.col("_ch_lake_live")
+        present_now = column("_ch_present").isNotNull()
+        kept = present_now if tiered else present_now | column("_ch_lake_live")
         rows = (joined.filter(kept)
-                .withColumn(SEQ, F.coalesce(F.col("_ch_lake_seq"), F.lit(0)).cast("long"))
-                .withColumn(DELETED, F.col("_ch_present").isNull()))
-    return rows.select(*[F.col(c.name) for c in columns], SEQ, DELETED,
+                .withColumn(SEQ, F.coalesce(column("_ch_lake_seq"), F.lit(0)).cast("long"))
+                .withColumn(DELETED, column("_ch_present").isNull()))
+    return rows.select(*[column(c.name) for c in columns], column(SEQ), column(DELETED),
                        stamp.alias(CHANGED_AT), stamp.alias(FIRST_CHANGED_AT))
 
 

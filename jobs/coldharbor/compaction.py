@@ -35,7 +35,7 @@ from coldharbor import faults, lake, maintenance_runs, pg, registry, settings
 from coldharbor.errors import ConfigError, LakeUnavailableError, raise_if_tables_failed
 from coldharbor.job_main import run_job
 from coldharbor.lake import LakeFile, LakeSnapshot
-from coldharbor.lake_rows import BATCH_ID, DELETED, KEEP, mark_kept
+from coldharbor.lake_rows import BATCH_ID, DELETED, KEEP, column, mark_kept, quoted
 from coldharbor.registry import RegisteredTable
 
 log = logging.getLogger(__name__)
@@ -120,11 +120,10 @@ def partition_predicate(partition: tuple[tuple[str, str | None], ...], table_col
     """The SQL predicate selecting one partition (values come from the Delta log as strings)."""
     terms = []
     for name, value in partition:
-        column = f"`{name.replace('`', '``')}`"
         if value is None:
-            terms.append(f"{column} IS NULL")
+            terms.append(f"{quoted(name)} IS NULL")
         else:
-            terms.append(f"{column} = CAST({sql_literal(value)} AS {table_columns[name]})")
+            terms.append(f"{quoted(name)} = CAST({sql_literal(value)} AS {table_columns[name]})")
     return " AND ".join(terms) if terms else "true"
 
 
@@ -216,17 +215,17 @@ def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: Reg
     kept = (rows.transform(mark_kept(table.key_columns, cutoff))
             .observe(observation,
                      F.count(F.lit(1)).alias("rows_before"),
-                     F.count(F.when(F.col(DELETED), 1)).alias("markers_before"),
-                     F.count(F.when(F.col(KEEP), 1)).alias("rows_after"),
-                     F.count(F.when(F.col(KEEP) & F.col(DELETED), 1)).alias("markers_after"))
-            .filter(F.col(KEEP)).drop(KEEP))
+                     F.count(F.when(column(DELETED), 1)).alias("markers_before"),
+                     F.count(F.when(column(KEEP), 1)).alias("rows_after"),
+                     F.count(F.when(column(KEEP) & column(DELETED), 1)).alias("markers_after"))
+            .filter(column(KEEP)).drop(KEEP))
     out = _layout(kept, table, output_file_count(result.bytes_before, config))
     out = faults.inside_tasks(out, "compact_during_write")  # killed with the rewrite's files half written
     metadata = {"operation": OPERATION, "run_id": config.run_id, "table": table.qualified_name,
                 "partition": dict(partition), "read_version": snap.version, "max_batch_id": max_batch}
     hook("compact_before_commit")
     writer = (out.write.format("delta").mode("overwrite")
-              .option("replaceWhere", f"({where}) AND {BATCH_ID} <= {max_batch}")
+              .option("replaceWhere", f"({where}) AND {quoted(BATCH_ID)} <= {max_batch}")
               .option("userMetadata", json.dumps(metadata, sort_keys=True)))
     if table.partition_by:
         writer = writer.partitionBy(*table.partition_by)
@@ -285,12 +284,12 @@ def _check_no_rewrites_since(spark: SparkSession, path: str, version: int) -> No
 def _max_batch(rows: DataFrame, files: Sequence[LakeFile]) -> int:
     if files and all(f.max_batch_id is not None for f in files):
         return max(f.max_batch_id for f in files)
-    return rows.agg(F.max(BATCH_ID)).first()[0]  # statistics missing: read it
+    return rows.agg(F.max(column(BATCH_ID))).first()[0]  # statistics missing: read it
 
 
 def _layout(rows: DataFrame, table: RegisteredTable, n_files: int) -> DataFrame:
     """n_files files, each a range of the sort columns (the key when none are configured)."""
-    order = list(table.sort_by or table.key_columns)
+    order = [column(name) for name in table.sort_by or table.key_columns]
     if n_files == 1:
         return rows.repartition(1).sortWithinPartitions(*order)
     return rows.repartitionByRange(n_files, *order).sortWithinPartitions(*order)

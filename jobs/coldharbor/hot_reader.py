@@ -12,11 +12,10 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from coldharbor import faults, lake_values, pg
 from coldharbor.errors import ReportError
-from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ
+from coldharbor.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, column
 from coldharbor.pg import JdbcTarget
 from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.spark import local_checkpoint, parallelism as spark_parallelism
@@ -203,8 +202,8 @@ def refuse_unheld(images: DataFrame, table: RegisteredTable) -> DataFrame:
     """The images without `lake_values.PROBLEM`; UnrepresentableValueError, naming the first, when
     a row holds a value the lake does not. A delete marker of a key holding such a value is left
     out of the batch (its change is still marked): the lake never held that key."""
-    problem = F.col(lake_values.PROBLEM)
-    found = images.filter(problem.isNotNull() & ~F.col(DELETED)).select(problem).first()
+    problem = column(lake_values.PROBLEM)
+    found = images.filter(problem.isNotNull() & ~column(DELETED)).select(problem).first()
     if found is not None:
         raise lake_values.refusal(table.qualified_name, found[0], EXPORT_REFUSED)
     return images.filter(problem.isNull()).drop(lake_values.PROBLEM)

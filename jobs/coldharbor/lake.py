@@ -16,7 +16,7 @@ from pyspark.sql.types import StructType
 from coldharbor import lake_store
 from coldharbor import spark as spark_sessions
 from coldharbor.errors import ColdharborError, ConfigError, LakeUnavailableError
-from coldharbor.lake_rows import BATCH_ID, CHANGED_AT, METADATA_COLUMNS, SEQ
+from coldharbor.lake_rows import BATCH_ID, CHANGED_AT, METADATA_COLUMNS, SEQ, column, quoted
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ NO_STATISTICS_TYPES = frozenset({"binary", "boolean"})
 def stats_property(columns: Sequence[str], partition_by: Sequence[str]) -> str:
     """The property's value: each column once, quoted, in order; partition columns have none."""
     wanted = [c for c in dict.fromkeys([*columns, *STATS_METADATA_COLUMNS]) if c not in partition_by]
-    return ",".join("`" + c.replace("`", "``") + "`" for c in wanted)
+    return ",".join(quoted(c) for c in wanted)
 
 
 def _save(writer, path: str, partition_by: Sequence[str], what: str) -> None:
@@ -191,11 +191,9 @@ def widen_columns(spark: SparkSession, path: str, widened: Sequence[tuple[str, s
     """Rewrites the table with the widened column types, every row and version kept, in one
     commit. Delta has no in-place long -> double widening; older versions keep their files, so
     reports pinned before the rewrite still read them (and cast them to the new type)."""
-    from pyspark.sql import functions as F
-
     types = dict(widened)
     rows = spark.read.format("delta").load(path)
-    rows = rows.select(*[F.col(c).cast(types[c]).alias(c) if c in types else F.col(c) for c in rows.columns])
+    rows = rows.select(*[column(c).cast(types[c]).alias(c) if c in types else column(c) for c in rows.columns])
     writer = (rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
               .option("userMetadata", json.dumps(dict(metadata), sort_keys=True)))
     _save(writer, path, partition_by, "widening the columns of")
@@ -379,12 +377,10 @@ def pin_version(spark: SparkSession, path: str) -> int | None:
 
 def commit_time(spark: SparkSession, path: str, version: int) -> datetime:
     """When a version was committed (UTC)."""
-    from pyspark.sql import functions as F
-
     # Epoch seconds: PySpark would hand timestamps back in the Python process's local zone.
     with reaching("reading the Delta history of", path):
-        row = (history_of(spark, path).filter(F.col("version") == version)
-               .select(F.col("timestamp").cast("double").alias("epoch")).first())
+        row = (history_of(spark, path).filter(column("version") == version)
+               .select(column("timestamp").cast("double").alias("epoch")).first())
     if row is None:
         raise LakeUnavailableError(f"version {version} of {path} is not in its Delta history")
     return datetime.fromtimestamp(row["epoch"], timezone.utc)

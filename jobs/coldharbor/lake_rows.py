@@ -11,6 +11,15 @@ A lake row is the table's columns plus metadata:
                    reports inside that span are refused, not answered with the older version)
   _ch_batch_id     export batch that wrote the row (ties on _ch_seq are broken by it)
   _ch_exported_at  when the batch was built
+
+A column is named to Spark through `column` (or `quoted` in SQL text), never by a bare string:
+Spark parses a name it is given as a string (`F.col`, `select`, `groupBy`, `Window.partitionBy`,
+`orderBy`, `F.max("...")`), where '.' selects a field of a struct and a backtick quotes a part, and
+PostgreSQL's column names may hold both. The APIs that take a name literally (`withColumn`,
+`withColumnRenamed`, `drop`, `join(on=...)`, `unionByName`, `alias`, a Row's fields) get it bare:
+a quoted name there names nothing (`drop` and `withColumnRenamed` then silently do nothing), on a
+classic session and on Spark Connect alike. Not used: `df[name]` (Connect resolves even a quoted
+name there only sometimes) and `fillna(subset=...)` (fails when any column holds a backtick).
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from coldharbor.registry import LakeColumn
@@ -34,18 +43,28 @@ METADATA_COLUMNS = (SEQ, DELETED, CHANGED_AT, BATCH_ID, EXPORTED_AT, FIRST_CHANG
 Transform = Callable[[DataFrame], DataFrame]
 
 
+def quoted(name: str) -> str:
+    """`name` as Spark SQL spells an identifier: in backticks, a backtick inside doubled."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def column(name: str) -> Column:
+    """The column named exactly `name` (whatever it holds: '.', a backtick)."""
+    return F.col(quoted(name))
+
+
 def to_lake_rows(columns: Sequence[LakeColumn], batch_id: int, exported_at: datetime) -> Transform:
     """Images read from PostgreSQL -> lake rows: the schema contract of the Delta table."""
 
     def transform(images: DataFrame) -> DataFrame:
         return images.select(
-            *[F.col(c.name).cast(c.lake_type).alias(c.name) for c in columns],
-            F.col(SEQ).cast("long").alias(SEQ),
-            F.col(DELETED).cast("boolean").alias(DELETED),
-            F.col(CHANGED_AT).cast("timestamp").alias(CHANGED_AT),
+            *[column(c.name).cast(c.lake_type).alias(c.name) for c in columns],
+            column(SEQ).cast("long").alias(SEQ),
+            column(DELETED).cast("boolean").alias(DELETED),
+            column(CHANGED_AT).cast("timestamp").alias(CHANGED_AT),
             F.lit(batch_id).cast("long").alias(BATCH_ID),
             F.lit(exported_at).cast("timestamp").alias(EXPORTED_AT),
-            F.col(FIRST_CHANGED_AT).cast("timestamp").alias(FIRST_CHANGED_AT),
+            column(FIRST_CHANGED_AT).cast("timestamp").alias(FIRST_CHANGED_AT),
         )
 
     return transform
@@ -55,12 +74,12 @@ def latest_per_key(key_columns: Sequence[str]) -> Transform:
     """Keeps the last write of every key: highest change sequence, then the latest batch."""
     if not key_columns:
         raise ValueError("latest_per_key needs at least one key column")
-    newest_first = Window.partitionBy(*[F.col(k) for k in key_columns]).orderBy(
-        F.col(SEQ).desc(), F.col(BATCH_ID).desc())
+    newest_first = Window.partitionBy(*[column(k) for k in key_columns]).orderBy(
+        column(SEQ).desc(), column(BATCH_ID).desc())
 
     def transform(rows: DataFrame) -> DataFrame:
         return (rows.withColumn("_ch_rank", F.row_number().over(newest_first))
-                .filter(F.col("_ch_rank") == 1)
+                .filter(column("_ch_rank") == 1)
                 .drop("_ch_rank"))
 
     return transform
@@ -71,7 +90,7 @@ def live_rows(key_columns: Sequence[str]) -> Transform:
     latest = latest_per_key(key_columns)
 
     def transform(rows: DataFrame) -> DataFrame:
-        return latest(rows).filter(~F.col(DELETED)).drop(*METADATA_COLUMNS)
+        return latest(rows).filter(~column(DELETED)).drop(*METADATA_COLUMNS)
 
     return transform
 
@@ -90,12 +109,12 @@ def mark_kept(key_columns: Sequence[str], cutoff: datetime) -> Transform:
     """
     if not key_columns:
         raise ValueError("mark_kept needs at least one key column")
-    in_window = F.coalesce(F.col(CHANGED_AT) > F.lit(cutoff), F.lit(False))
-    newest_first = Window.partitionBy(*[F.col(k) for k in key_columns], in_window).orderBy(
-        F.col(SEQ).desc(), F.col(BATCH_ID).desc())
+    in_window = F.coalesce(column(CHANGED_AT) > F.lit(cutoff), F.lit(False))
+    newest_first = Window.partitionBy(*[column(k) for k in key_columns], in_window).orderBy(
+        column(SEQ).desc(), column(BATCH_ID).desc())
 
     def transform(rows: DataFrame) -> DataFrame:
         is_base = ~in_window & (F.row_number().over(newest_first) == 1)
-        return rows.withColumn(KEEP, in_window | (is_base & ~F.col(DELETED)))
+        return rows.withColumn(KEEP, in_window | (is_base & ~column(DELETED)))
 
     return transform

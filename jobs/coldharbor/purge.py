@@ -41,7 +41,7 @@ from coldharbor.cleanup import DELTA_GUARD_HOURS, check_retention, vacuum_files
 from coldharbor.errors import LakeUnavailableError, TableBusyError
 from coldharbor.export import recover_pending
 from coldharbor.job_main import run_job
-from coldharbor.lake_rows import DELETED, latest_per_key
+from coldharbor.lake_rows import DELETED, column, latest_per_key, quoted
 from coldharbor.purge_predicate import Predicate
 from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.spark import temporary_conf
@@ -124,8 +124,8 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
         if has_lake:
             rows = lake.read_version(spark, path, lake.pin_version(spark, path))
             latest_match = (rows.transform(latest_per_key(key_names))
-                            .filter(~F.col(DELETED)).filter(predicate.spark)
-                            .select(*[collectable(F.col(c.name), c.lake_type).alias(c.name) for c in keys]))
+                            .filter(~column(DELETED)).filter(predicate.spark)
+                            .select(*[collectable(column(c.name), c.lake_type).alias(c.name) for c in keys]))
             lake_matches = {lake_key([collected(v, c.lake_type) for v, c in zip(r, keys)])
                             for r in latest_match.collect()} - all_keys
             current = _current_keys(conn, table, keys, lake_matches)
@@ -133,7 +133,8 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
             all_keys |= lake_matches - current
             with pg.lake_commit_lock(conn, table.table_id, path):
                 result.lake_rows_deleted, result.lake_version = _merge_delete(
-                    spark, path, rows.schema, key_names, sorted(all_keys, key=repr), predicate, config)
+                    spark, path, rows.schema, key_names, sorted(all_keys, key=repr), predicate, config,
+                    table.partition_by)
         result.keys_purged = len(all_keys)
         where, params = _change_log_of(conn, table, keys, all_keys)
         result.change_log_deleted = conn.execute(
@@ -245,16 +246,20 @@ def _as_lake_value(column: LakeColumn) -> sql.Composable:
 
 
 def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], keys: list[tuple],
-                  predicate: Predicate, config: PurgeConfig) -> tuple[int, int]:
+                  predicate: Predicate, config: PurgeConfig, partition_by: Sequence[str]) -> tuple[int, int]:
     """One Delta commit: every version of the purged keys, and every other matching live version."""
-    key_schema = ", ".join(f"{_quoted(k)} {schema[k].dataType.simpleString()}" for k in key_names)
+    key_schema = ", ".join(f"{quoted(k)} {schema[k].dataType.simpleString()}" for k in key_names)
     source = f"_ch_purge_keys_{uuid.uuid4().hex}"
     spark.createDataFrame(keys, key_schema).createOrReplaceTempView(source)
-    on = " AND ".join(f"t.{_quoted(k)} <=> s.{_quoted(k)}" for k in key_names)
+    on = " AND ".join(f"t.{quoted(k)} <=> s.{quoted(k)}" for k in key_names)
     metadata = json.dumps({"operation": "coldharbor-purge", "run_id": config.run_id, "predicate": predicate.text})
     # MERGE names its target by path only as an identifier: path identifiers are on for this
     # statement alone (a purge runs no report SQL).
     merge_conf = {"spark.databricks.delta.commitInfo.userMetadata": metadata, "spark.sql.runSQLOnFiles": "true"}
+    if any("." in name or "`" in name for name in partition_by):
+        # Delta's MERGE repartitions its output by the partition columns named as strings that it
+        # parses (a '.' or a backtick fails the statement): such a table's purge writes without.
+        merge_conf["spark.databricks.delta.merge.repartitionBeforeWrite.enabled"] = "false"
     try:
         with temporary_conf(spark, merge_conf):
             spark.sql(f"MERGE INTO {lake.path_identifier(path)} AS t USING {source} AS s ON {on} "
@@ -271,7 +276,7 @@ def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], 
 def _live_match(predicate: Predicate) -> str:
     """The predicate over lake rows: a delete marker holds no values (NULL columns), so it never
     matches; removing it (say for `col IS NULL`) would bring the key's older version back."""
-    return f"NOT `{DELETED}` AND ({predicate.spark})"
+    return f"NOT {quoted(DELETED)} AND ({predicate.spark})"
 
 
 def verify(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
@@ -292,9 +297,9 @@ def verify(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
         def matches(rows: DataFrame) -> int:
             hit = F.expr(_live_match(predicate))
             if keys:
-                source = spark.createDataFrame(sorted(keys, key=repr), rows.select(*key_names).schema)
+                source = spark.createDataFrame(sorted(keys, key=repr), rows.select(*map(column, key_names)).schema)
                 rows = rows.join(source.withColumn("_ch_purged", F.lit(True)), on=key_names, how="left")
-                hit = hit | F.col("_ch_purged").isNotNull()
+                hit = hit | column("_ch_purged").isNotNull()
             return rows.filter(F.coalesce(hit, F.lit(False))).count()
 
         remaining["lake_current_rows"] = matches(spark.read.format("delta").load(path))
@@ -302,10 +307,6 @@ def verify(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
         remaining["lake_rows_in_kept_files"] = matches(spark.read.option("mergeSchema", "true").parquet(*files)) \
             if files else 0
     return remaining
-
-
-def _quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def parse_args(argv: list[str]) -> PurgeConfig:

@@ -31,6 +31,7 @@ from psycopg import sql
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from coldharbor.lake_rows import column
 from coldharbor.registry import LakeColumn
 
 NULL = "N"
@@ -116,6 +117,6 @@ def pg_digest(columns: Sequence[LakeColumn], value_of: ValueOf, utf8: bool = Tru
 
 def spark_digest(columns: Sequence[LakeColumn], value_of: Callable[[LakeColumn], Column] | None = None) -> Column:
     """Spark bigint: the digest `pg_digest` computes, of rows typed as the lake types them."""
-    value_of = value_of or (lambda c: F.col(c.name))
+    value_of = value_of or (lambda c: column(c.name))
     spelled = F.concat_ws(SEPARATOR, *[F.coalesce(spark_spelling(c, value_of(c)), F.lit(NULL)) for c in columns])
     return F.conv(F.substring(F.md5(spelled), 1, 16), 16, -10).cast("long")

@@ -22,7 +22,7 @@ from coldharbor import hot_snapshot, lake, registry, registry_cache, settings, s
 from coldharbor.as_of import check_as_of, lake_as_of
 from coldharbor.errors import ColdharborError, LakeUnavailableError, ReportError
 from coldharbor.hot_snapshot import HotSnapshot, HotTable
-from coldharbor.lake_rows import DELETED
+from coldharbor.lake_rows import DELETED, column
 from coldharbor.pg import JdbcTarget
 from coldharbor.registry import RegisteredTable
 from coldharbor.report_runs import RunRecord
@@ -109,7 +109,7 @@ def table_view(spark: SparkSession, hot: HotTable, version: int | None, lake_roo
                           hot.table.qualified_name)
     images = hot_frame(spark, hot)
     if version is None:  # nothing exported yet: the table is its hot images
-        return images.filter(~images[DELETED]).transform(table_contract(columns))
+        return images.filter(~column(DELETED)).transform(table_contract(columns))
     # Pending with evicted rows, every row PostgreSQL holds is dirty: too many to broadcast.
     return lake.read_version(spark, hot.table.lake_path(lake_root), version).transform(
         unified_rows(images, columns, broadcast_dirty=not hot.reads_evicted_rows))

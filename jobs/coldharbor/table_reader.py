@@ -17,9 +17,9 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from coldharbor.hot_reader import as_output, snapshot_read
+from coldharbor.lake_rows import column
 from coldharbor.pg import JdbcTarget
 from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.spark import parallelism as spark_parallelism
@@ -105,7 +105,7 @@ def read_table(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, 
     callers cast with their own contract.
     """
     frame = read_shares(spark, conn, jdbc, snapshot, lambda share: share_query(table, columns, share), parts)
-    return frame.select(*[F.col(c.name) for c in columns])
+    return frame.select(*[column(c.name) for c in columns])
 
 
 def read_shares(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, snapshot: TableSnapshot,

@@ -16,7 +16,7 @@ from datetime import datetime
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from coldharbor.lake_rows import CHANGED_AT, DELETED, Transform, live_rows
+from coldharbor.lake_rows import CHANGED_AT, DELETED, Transform, column, live_rows
 from coldharbor.registry import LakeColumn
 
 
@@ -29,7 +29,7 @@ def table_contract(columns: Sequence[LakeColumn]) -> Transform:
     def transform(rows: DataFrame) -> DataFrame:
         present = set(rows.columns)
         return rows.select(*[
-            (F.col(c.name) if c.name in present else F.lit(None)).cast(c.lake_type).alias(c.name)
+            (column(c.name) if c.name in present else F.lit(None)).cast(c.lake_type).alias(c.name)
             for c in columns])
 
     return transform
@@ -43,7 +43,7 @@ def cold_live(columns: Sequence[LakeColumn], as_of: datetime | None = None) -> T
 
     def transform(lake: DataFrame) -> DataFrame:
         if as_of is not None:
-            lake = lake.filter(F.col(CHANGED_AT) <= F.lit(as_of))
+            lake = lake.filter(column(CHANGED_AT) <= F.lit(as_of))
         return contract(live(lake))
 
     return transform
@@ -58,10 +58,10 @@ def unified_rows(hot: DataFrame, columns: Sequence[LakeColumn], broadcast_dirty:
     keys = [c.name for c in columns if c.is_key]
     contract = table_contract(columns)
     live = cold_live(columns)
-    dirty_keys = hot.select(*keys)
+    dirty_keys = hot.select(*map(column, keys))
     if broadcast_dirty:
         dirty_keys = F.broadcast(dirty_keys)
-    hot_rows = contract(hot.filter(~F.col(DELETED)))
+    hot_rows = contract(hot.filter(~column(DELETED)))
 
     def transform(lake: DataFrame) -> DataFrame:
         # A left anti join, never NOT IN: a NULL in the dirty set must not empty the result.

@@ -31,6 +31,7 @@ from coldharbor import (base_load, batches, hot_snapshot, lake, lake_values, mai
                         table_reader, verify_digests)
 from coldharbor.errors import ColdharborError, ConfigError, LakeUnavailableError
 from coldharbor.job_main import EXIT_REFUSED, one_table, run_job
+from coldharbor.lake_rows import column
 from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.spark_python import collectable, collected
 from coldharbor.table_reader import TableSnapshot
@@ -98,10 +99,11 @@ def postgres_chunks(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdbc
         table, columns, chunks, utf8, share))
     # Hash buckets have no bounds (NULL text): only range bounds have the key's type.
     lake_type = chunks.keys[0].lake_type if chunks.by_range else None
-    found = (shares.groupBy(CHUNK)
-             .agg(F.sum("rows").alias("rows"), F.bit_xor("hash").alias("hash"),
-                  collectable(F.min("first_key"), lake_type).alias("first"),
-                  collectable(F.max("last_key"), lake_type).alias("last"), F.min("problem").alias("problem")).collect())
+    found = (shares.groupBy(column(CHUNK))
+             .agg(F.sum(column("rows")).alias("rows"), F.bit_xor(column("hash")).alias("hash"),
+                  collectable(F.min(column("first_key")), lake_type).alias("first"),
+                  collectable(F.max(column("last_key")), lake_type).alias("last"),
+                  F.min(column("problem")).alias("problem")).collect())
     problems = sorted(r["problem"] for r in found if r["problem"] is not None)
     if problems:
         raise lake_values.refusal(table.qualified_name, problems[0], VERIFY_REFUSED)
@@ -110,9 +112,9 @@ def postgres_chunks(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdbc
 
 
 def view_chunks(view: DataFrame, first_key: LakeColumn) -> dict[int, Chunk]:
-    live = F.col(WEIGHT) > 0
-    key = F.col(first_key.name)
-    found = view.groupBy(CHUNK).agg(F.sum(WEIGHT).alias("rows"), F.bit_xor(HASH).alias("hash"),
+    live = column(WEIGHT) > 0
+    key = column(first_key.name)
+    found = view.groupBy(column(CHUNK)).agg(F.sum(column(WEIGHT)).alias("rows"), F.bit_xor(column(HASH)).alias("hash"),
                                     collectable(F.min(F.when(live, key)), first_key.lake_type).alias("first"),
                                     collectable(F.max(F.when(live, key)), first_key.lake_type).alias("last")).collect()
     return {r[CHUNK]: Chunk(r[CHUNK], r["rows"], r["hash"], collected(r["first"], first_key.lake_type),
@@ -136,9 +138,10 @@ def sample_differences(view: DataFrame, postgres: DataFrame, twice: DataFrame,
     """Up to SAMPLE_KEYS keys of the differing chunks, each with what is wrong with it. `view` and
     `postgres` hold the rows (keys, HASH) of those chunks, `twice` keys a lake batch holds twice."""
     keys = [k.name for k in key_columns]
-    diff = collected_keys(view.select(*keys, F.col(HASH).alias("_ch_view"))
-                          .join(postgres.select(*keys, F.col(HASH).alias("_ch_pg")), on=keys, how="full_outer")
-                          .filter(~F.col("_ch_view").eqNullSafe(F.col("_ch_pg"))), key_columns, "_ch_view", "_ch_pg")
+    diff = collected_keys(view.select(*map(column, keys), column(HASH).alias("_ch_view"))
+                          .join(postgres.select(*map(column, keys), column(HASH).alias("_ch_pg")), on=keys,
+                                how="full_outer")
+                          .filter(~column("_ch_view").eqNullSafe(column("_ch_pg"))), key_columns, "_ch_view", "_ch_pg")
     samples = [(row, "is more than once in one lake batch (a hand edit?)") for row in collected_keys(twice, key_columns)]
     for row in diff:
         if row["_ch_view"] is None:
@@ -154,8 +157,8 @@ def sample_differences(view: DataFrame, postgres: DataFrame, twice: DataFrame,
 
 def collected_keys(rows: DataFrame, key_columns: Sequence[LakeColumn], *others: str) -> list[dict]:
     """Up to SAMPLE_KEYS of `rows` as dicts of their keys (`collectable`, then `collected`) and `others`."""
-    found = rows.select(*[collectable(F.col(k.name), k.lake_type).alias(k.name) for k in key_columns],
-                        *others).limit(SAMPLE_KEYS).collect()
+    found = rows.select(*[collectable(column(k.name), k.lake_type).alias(k.name) for k in key_columns],
+                        *map(column, others)).limit(SAMPLE_KEYS).collect()
     return [{**{k.name: collected(row[k.name], k.lake_type) for k in key_columns}, **{o: row[o] for o in others}}
             for row in found]
 
@@ -225,10 +228,10 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
                                   differing_chunks(view_chunks(view, chunks.keys[0]), pg_chunks))
             if result.differing:
                 bad = [d["chunk"] for d in result.differing]
-                in_bad = F.col(CHUNK).isin(bad)
+                in_bad = column(CHUNK).isin(bad)
                 postgres = table_reader.read_shares(spark, conn, jdbc, snapshot, lambda share: (
                     verify_digests.pg_digests_query(table, columns, chunks, utf8, bad, share)))
-                postgres = postgres.select(*verify_digests.typed_keys(postgres, chunks.keys), HASH)
+                postgres = postgres.select(*verify_digests.typed_keys(postgres, chunks.keys), column(HASH))
                 twice = compared.restricted(verify_digests.keys_twice_in_a_batch(spark, hot, version, config.lake_root))
                 result.samples = sample_differences(compared.view(None).filter(in_bad), postgres,
                                                     chunks.with_chunk(twice).filter(in_bad), chunks.keys)

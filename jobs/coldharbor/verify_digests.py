@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from coldharbor import hot_reader, lake, lake_values, row_digest
 from coldharbor.hot_snapshot import HotTable
-from coldharbor.lake_rows import BATCH_ID, DELETED, SEQ, Transform, latest_per_key
+from coldharbor.lake_rows import BATCH_ID, DELETED, SEQ, Transform, column, latest_per_key, quoted
 from coldharbor.registry import LakeColumn, RegisteredTable
 
 CHUNK = "_ch_chunk"
@@ -67,7 +67,7 @@ class Chunking:
             return rows.withColumn(CHUNK, F.pmod(row_digest.spark_digest(self.keys), F.lit(self.chunks)).cast("int"))
         clamped = F.least(F.greatest(_spark_position(self.keys[0]), F.lit(self.low)), F.lit(self.high)) - F.lit(self.low)
         return (rows.withColumn(CHUNK, clamped)
-                .withColumn(CHUNK, F.expr(f"{CHUNK} div {self.width}").cast("int")))  # integer division
+                .withColumn(CHUNK, F.expr(f"{quoted(CHUNK)} div {self.width}").cast("int")))  # integer division
 
 
 def _pg_position(column: LakeColumn, value: sql.Composable) -> sql.Composable:
@@ -78,11 +78,11 @@ def _pg_position(column: LakeColumn, value: sql.Composable) -> sql.Composable:
     return sql.SQL("({})::bigint").format(value)
 
 
-def _spark_position(column: LakeColumn) -> Column:
-    value = F.col(column.name)
-    if column.lake_type == "DATE":
+def _spark_position(key: LakeColumn) -> Column:
+    value = column(key.name)
+    if key.lake_type == "DATE":
         return F.unix_date(value).cast("long")
-    if column.lake_type in ("TIMESTAMP", "TIMESTAMP_NTZ"):
+    if key.lake_type in ("TIMESTAMP", "TIMESTAMP_NTZ"):
         return F.unix_micros(value.cast("timestamp"))  # a TIMESTAMP_NTZ as UTC, as PostgreSQL's epoch reads it
     return value.cast("long")
 
@@ -152,9 +152,9 @@ def server_is_utf8(conn: psycopg.Connection) -> bool:
     return conn.execute("SELECT current_setting('server_encoding') = 'UTF8'").fetchone()[0]
 
 
-def _typed(column: LakeColumn, present: set[str]) -> Column:
+def _typed(lake_column: LakeColumn, present: set[str]) -> Column:
     """A lake column as the view types it; NULL when the lake has no such column yet (`table_contract`)."""
-    return (F.col(column.name) if column.name in present else F.lit(None)).cast(column.lake_type)
+    return (column(lake_column.name) if lake_column.name in present else F.lit(None)).cast(lake_column.lake_type)
 
 
 def typed_keys(rows: DataFrame, keys: Sequence[LakeColumn]) -> list[Column]:
@@ -174,14 +174,15 @@ def view_digests(spark: SparkSession, hot: HotTable, version: int | None, lake_r
     names = [k.name for k in keys]
     if hot.hot_only or version is None:
         rows = table_view(spark, hot, version, lake_root, None)
-        return rows.select(*names, row_digest.spark_digest(columns).alias(HASH), F.lit(1).alias(WEIGHT))
+        return rows.select(*map(column, names), row_digest.spark_digest(columns).alias(HASH), F.lit(1).alias(WEIGHT))
     images = hot_frame(spark, hot)
-    typed_images = images.filter(~F.col(DELETED)).select(*[_typed(c, set(images.columns)).alias(c.name)
+    typed_images = images.filter(~column(DELETED)).select(*[_typed(c, set(images.columns)).alias(c.name)
                                                             for c in columns])
-    hot_rows = typed_images.select(*names, row_digest.spark_digest(columns).alias(HASH), F.lit(1).alias(WEIGHT))
+    hot_rows = typed_images.select(*map(column, names), row_digest.spark_digest(columns).alias(HASH),
+                                   F.lit(1).alias(WEIGHT))
     # A left anti join, never NOT IN: a NULL in the dirty set must not empty the result.
     rows = lake.read_version(spark, hot.table.lake_path(lake_root), version).join(
-        F.broadcast(images.select(*names)), on=names, how="left_anti")
+        F.broadcast(images.select(*map(column, names))), on=names, how="left_anti")
     return _last_writes(rows, narrowed(columns, set(rows.columns)), names, biggest_batch).unionByName(hot_rows)
 
 
@@ -191,8 +192,8 @@ def narrowed(columns: Sequence[LakeColumn], present: set[str]) -> Transform:
     keys = [c for c in columns if c.is_key]
 
     def transform(rows: DataFrame) -> DataFrame:
-        return rows.select(*[_typed(k, present).alias(k.name) for k in keys], F.col(SEQ), F.col(BATCH_ID),
-                           F.col(DELETED), row_digest.spark_digest(columns, lambda c: _typed(c, present)).alias(HASH))
+        return rows.select(*[_typed(k, present).alias(k.name) for k in keys], column(SEQ), column(BATCH_ID),
+                           column(DELETED), row_digest.spark_digest(columns, lambda c: _typed(c, present)).alias(HASH))
 
     return transform
 
@@ -204,14 +205,15 @@ def keys_twice_in_a_batch(spark: SparkSession, hot: HotTable, version: int | Non
     if hot.hot_only or version is None:
         return spark.range(0).select(*[F.lit(None).cast(c.lake_type).alias(c.name) for c in hot.columns if c.is_key])
     rows = lake.read_version(spark, hot.table.lake_path(lake_root), version)
-    rows = rows.select(*typed_keys(rows, [c for c in hot.columns if c.is_key]), F.col(BATCH_ID))
-    return rows.groupBy(*keys, BATCH_ID).count().filter(F.col("count") > 1).select(*keys)
+    rows = rows.select(*typed_keys(rows, [c for c in hot.columns if c.is_key]), column(BATCH_ID))
+    return (rows.groupBy(*map(column, keys), column(BATCH_ID)).count().filter(column("count") > 1)
+            .select(*map(column, keys)))
 
 
 def window_last_writes(narrow: DataFrame, keys: Sequence[str]) -> DataFrame:
     """`latest_per_key` over narrow lake rows: the live last writes, WEIGHT 1."""
-    return (narrow.transform(latest_per_key(keys)).filter(~F.col(DELETED))
-            .select(*keys, HASH, F.lit(1).alias(WEIGHT)))
+    return (narrow.transform(latest_per_key(keys)).filter(~column(DELETED))
+            .select(*map(column, keys), column(HASH), F.lit(1).alias(WEIGHT)))
 
 
 def _last_writes(rows: DataFrame, narrow: Transform, keys: Sequence[str], biggest_batch: int | None) -> DataFrame:
@@ -226,26 +228,26 @@ def _last_writes(rows: DataFrame, narrow: Transform, keys: Sequence[str], bigges
     if biggest_batch is None:
         return window_last_writes(narrow(rows), keys)
     # Delta skips the biggest batch's files by their batch id statistics.
-    in_others = (F.col(BATCH_ID) != F.lit(biggest_batch)) | F.col(BATCH_ID).isNull()
+    in_others = (column(BATCH_ID) != F.lit(biggest_batch)) | column(BATCH_ID).isNull()
     if rows.filter(in_others).count() > BROADCAST_KEYS:
         return window_last_writes(narrow(rows), keys)
     latest = narrow(rows.filter(in_others)).transform(latest_per_key(keys)).select(
-        *keys, F.lit(True).alias("_ch_o"), F.col(SEQ).alias("_ch_o_seq"), F.col(BATCH_ID).alias("_ch_o_batch"),
-        F.col(DELETED).alias("_ch_o_deleted"), F.col(HASH).alias("_ch_o_hash"))
-    rows = narrow(rows.filter(F.col(BATCH_ID) == F.lit(biggest_batch))).join(F.broadcast(latest), on=keys,
+        *map(column, keys), F.lit(True).alias("_ch_o"), column(SEQ).alias("_ch_o_seq"),
+        column(BATCH_ID).alias("_ch_o_batch"), column(DELETED).alias("_ch_o_deleted"), column(HASH).alias("_ch_o_hash"))
+    rows = narrow(rows.filter(column(BATCH_ID) == F.lit(biggest_batch))).join(F.broadcast(latest), on=keys,
                                                                                how="left_outer")
     low = F.lit(-(1 << 63))  # latest_per_key sorts NULL sequences and batch ids last
-    mine = F.struct(F.coalesce(F.col(SEQ), low), F.coalesce(F.col(BATCH_ID), low))
-    theirs = F.struct(F.coalesce(F.col("_ch_o_seq"), low), F.coalesce(F.col("_ch_o_batch"), low))
-    matched = F.col("_ch_o").isNotNull()
+    mine = F.struct(F.coalesce(column(SEQ), low), F.coalesce(column(BATCH_ID), low))
+    theirs = F.struct(F.coalesce(column("_ch_o_seq"), low), F.coalesce(column("_ch_o_batch"), low))
+    matched = column("_ch_o").isNotNull()
     mine_wins = ~matched | (mine > theirs)
-    winner_live = F.when(mine_wins, ~F.col(DELETED)).otherwise(~F.col("_ch_o_deleted"))
-    winner_hash = F.when(winner_live, F.when(mine_wins, F.col(HASH)).otherwise(F.col("_ch_o_hash"))).otherwise(0)
-    taken_back = matched & ~F.col("_ch_o_deleted")
-    folded = rows.select(*keys, F.when(taken_back, winner_hash.bitwiseXOR(F.col("_ch_o_hash")))
+    winner_live = F.when(mine_wins, ~column(DELETED)).otherwise(~column("_ch_o_deleted"))
+    winner_hash = F.when(winner_live, F.when(mine_wins, column(HASH)).otherwise(column("_ch_o_hash"))).otherwise(0)
+    taken_back = matched & ~column("_ch_o_deleted")
+    folded = rows.select(*map(column, keys), F.when(taken_back, winner_hash.bitwiseXOR(column("_ch_o_hash")))
                          .otherwise(winner_hash).alias(HASH),
                          (winner_live.cast("int") - taken_back.cast("int")).alias(WEIGHT))
-    others_live = latest.filter(~F.col("_ch_o_deleted")).select(*keys, F.col("_ch_o_hash").alias(HASH),
+    others_live = latest.filter(~column("_ch_o_deleted")).select(*map(column, keys), column("_ch_o_hash").alias(HASH),
                                                                 F.lit(1).alias(WEIGHT))
     return folded.unionByName(others_live)
 

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from coldharbor.lake_rows import BATCH_ID, DELETED, SEQ, latest_per_key, live_rows, to_lake_rows
+from coldharbor.lake_rows import BATCH_ID, DELETED, SEQ, column, latest_per_key, live_rows, quoted, to_lake_rows
 from coldharbor.registry import LakeColumn
 
 LAKE_SCHEMA = "id LONG, v STRING, _ch_seq LONG, _ch_deleted BOOLEAN, _ch_changed_at TIMESTAMP, _ch_batch_id LONG"
@@ -69,3 +69,51 @@ def test_latest_per_key_with_a_composite_key(spark):
 def test_latest_per_key_needs_a_key():
     with pytest.raises(ValueError, match="at least one key column"):
         latest_per_key([])
+
+
+# Names Spark parses in a string: '.' selects a struct field, a backtick quotes a part.
+ODD_NAMES = ["a.b", "x`y", "`", "``", "ü.1", '"q"', "a.`b`"]
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_column_names_a_column_exactly_as_it_is_called(spark, name):
+    rows = spark.createDataFrame([(1, 2)], f"{quoted(name)} INT, other INT")
+    assert rows.columns == [name, "other"]
+    assert rows.select(column(name).alias("v")).first()["v"] == 1
+    assert quoted("a`b.c") == "`a``b.c`"
+
+
+def test_a_struct_of_the_same_name_is_not_what_a_dotted_name_means(spark):
+    rows = spark.createDataFrame([((1,), 2)], "a STRUCT<b: INT>, `a.b` INT")
+    assert rows.select(column("a.b").alias("v")).first()["v"] == 2
+
+
+def test_the_transforms_take_keys_whose_names_spark_would_parse(spark):
+    rows = spark.createDataFrame([
+        (1, "p", "old", 5, False, T0, 1),
+        (1, "p", "new", 9, False, T0, 1),
+        (2, "q", "gone", 3, False, T0, 1),
+        (2, "q", None, 4, True, T0, 2),
+    ], "`k.1` LONG, `k``2` STRING, `v.v` STRING, _ch_seq LONG, _ch_deleted BOOLEAN, _ch_changed_at TIMESTAMP, "
+       "_ch_batch_id LONG")
+    live = rows.transform(live_rows(["k.1", "k`2"]))
+    assert [tuple(r) for r in live.collect()] == [(1, "p", "new")]
+    assert live.columns == ["k.1", "k`2", "v.v"]
+
+
+def test_no_job_names_a_column_through_f_col():
+    """`F.col(name)` parses `name`; the jobs call `lake_rows.column`, which quotes it (only it may
+    call F.col)."""
+    import ast
+    from pathlib import Path
+
+    import coldharbor
+
+    found = []
+    for path in sorted(Path(coldharbor.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in ("col", "column") and isinstance(node.func.value, ast.Name) \
+                    and node.func.value.id == "F":
+                found.append(f"{path.name}:{node.lineno}")
+    assert [f.split(":")[0] for f in found] == ["lake_rows.py"], found  # column() itself

@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 
 from coldharbor import faults, lake, lake_store, maintenance_runs, pg, registry, report_runs, settings
 from coldharbor.errors import ColdharborError, ConfigError, raise_if_tables_failed
-from coldharbor.job_main import run_job
+from coldharbor.job_main import reason, run_job
 from coldharbor.registry import RegisteredTable
 from coldharbor.spark import temporary_conf
 
@@ -104,7 +104,7 @@ def cleanup_table(spark: SparkSession, conn: psycopg.Connection, table: Register
         except Exception as exc:
             if not config.dry_run:
                 maintenance_runs.finish(conn, config.run_id, table.table_id, "cleanup", "failed",
-                                        error=str(exc)[:2000])
+                                        error=reason(exc))
             raise
         verb = "would remove" if config.dry_run else "removed"
         log.info("%s: %s %s hot rows (evicted), %s lake files, %s leftovers, %s change_log rows, %s batches",

@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 
 from coldharbor import faults, lake, maintenance_runs, pg, registry, settings
 from coldharbor.errors import ConfigError, LakeUnavailableError, raise_if_tables_failed
-from coldharbor.job_main import run_job
+from coldharbor.job_main import reason, run_job
 from coldharbor.lake import LakeFile, LakeSnapshot
 from coldharbor.lake_rows import BATCH_ID, DELETED, KEEP, column, mark_kept, quoted
 from coldharbor.registry import RegisteredTable
@@ -138,7 +138,7 @@ def compact_table(spark: SparkSession, conn: psycopg.Connection, table: Register
         try:
             result = _compact(spark, conn, table, config, hook)
         except Exception as exc:
-            maintenance_runs.finish(conn, config.run_id, table.table_id, "compact", "failed", error=str(exc)[:2000])
+            maintenance_runs.finish(conn, config.run_id, table.table_id, "compact", "failed", error=reason(exc))
             raise
         versions = [p.lake_version for p in result.partitions if p.lake_version is not None]
         maintenance_runs.finish(conn, config.run_id, table.table_id, "compact",

@@ -355,10 +355,6 @@ def main(argv: list[str]) -> int:
     def body() -> int:
         config = parse_args(argv)
         dsn = settings.pg_dsn()
-        # A bad setting is refused every cycle, not only by those that start Spark (or export two tables).
-        settings.export_workers()
-        settings.spark_remote()
-        settings.check_spark_settings()
         jdbc = pg.JdbcTarget.from_dsn(dsn)
         with pg.connect(dsn) as conn:
             tables = registry.load(conn, config.table)

@@ -21,6 +21,9 @@ TRACEBACK_DIR_ENV = "COLDHARBOR_TRACEBACK_DIR"
 def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # psycopg warns with its objects' reprs when a rollback on a lost connection fails; the job's own
+    # line says PostgreSQL was lost.
+    logging.getLogger("psycopg").setLevel(logging.ERROR)
     # PySpark logs every failed query whole (JSON with the JVM stack) before it raises; the job
     # says what failed in its own one line. (PySpark's logger class: its calls pass extra fields.)
     from pyspark.logger import PySparkLogger
@@ -99,7 +102,10 @@ def keep_traceback(name: str, exc: BaseException) -> Path | None:
 
 
 def _run(name: str, body: Callable[[], int], unexpected_exit: int) -> int:
+    from coldharbor import settings
+
     try:
+        settings.check_settings()
         return body()
     except ColdharborError as exc:
         log.error("%s failed: %s", name, exc)

@@ -40,7 +40,7 @@ from coldharbor import (hot_reader, lake, lake_store, lake_values, maintenance_r
 from coldharbor.cleanup import DELTA_GUARD_HOURS, check_retention, vacuum_files
 from coldharbor.errors import LakeUnavailableError, TableBusyError
 from coldharbor.export import recover_pending
-from coldharbor.job_main import run_job
+from coldharbor.job_main import reason, run_job
 from coldharbor.lake_rows import DELETED, column, latest_per_key, quoted
 from coldharbor.purge_predicate import Predicate
 from coldharbor.registry import LakeColumn, RegisteredTable
@@ -100,7 +100,7 @@ def purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable,
         try:
             result = _purge(spark, conn, table, columns, predicate, config)
         except Exception as exc:
-            maintenance_runs.finish(conn, config.run_id, table.table_id, "purge", "failed", error=str(exc)[:2000])
+            maintenance_runs.finish(conn, config.run_id, table.table_id, "purge", "failed", error=reason(exc))
             raise
         maintenance_runs.finish(conn, config.run_id, table.table_id, "purge",
                                 "succeeded" if result.complete else "failed", detail=asdict(result),

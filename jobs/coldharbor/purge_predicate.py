@@ -34,7 +34,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from coldharbor.errors import ConfigError
-from coldharbor.registry import LakeColumn
+from coldharbor.registry import LakeColumn, one_line
 
 ORDERED = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between, exp.In)
 EQUALITY = (exp.EQ, exp.NEQ, exp.In)
@@ -199,8 +199,25 @@ def _parse(text: str, columns: Sequence[LakeColumn]) -> Predicate:
                      spark=spark_tree.sql(dialect="spark", identify=True), columns=frozenset(used))
 
 
+# The parts a node of the predicate may have (sqlglot's argument names; `negate` is NOT LIKE's and
+# IS NOT's flag); any other part (IN's subquery or UNNEST, ...) is refused, whatever it is.
+KNOWN_PARTS = {exp.In: {"this", "expressions", "negate"}, exp.Between: {"this", "low", "high", "negate"},
+               exp.Not: {"this"}, exp.Paren: {"this"}}
+BINARY_PARTS = {"this", "expression", "negate"}
+
+
+def _only_known_parts(node: exp.Expression) -> None:
+    extra = [key for key, value in node.args.items()
+             if value is not None and value is not False and value != [] and
+             key not in KNOWN_PARTS.get(type(node), BINARY_PARTS)]
+    if extra:
+        raise ConfigError(f"each comparison in the purge predicate must compare one column with literals "
+                          f"(no subquery or other part): {one_line(node.sql())!r}")
+
+
 def _check(node: exp.Expression, columns: dict[str, LakeColumn], used: set[str]) -> None:
     """Checks the condition in place, replacing each literal by its typed form."""
+    _only_known_parts(node)
     if isinstance(node, CONNECTIVES):
         for child in (node.this, node.args.get("expression")):
             if child is not None:

@@ -153,6 +153,7 @@ def _main(argv: list[str]) -> int:
     record = RunRecord(args.run_id or default_run_id(report_name), report_name, args.target,
                        args.sink or "postgres", args.mode, None)
     try:
+        settings.check_settings()  # as every job does (job_main.run_job)
         dsn = settings.pg_dsn()
         jdbc = pg.JdbcTarget.from_dsn(dsn)
     except ColdharborError as exc:

@@ -153,12 +153,22 @@ def spark_remote() -> str | None:
     match = _REMOTE.fullmatch(url)
     if not match or not 0 < int(match["port"] or 15002) < 65536:
         raise ConfigError(f"{SPARK_REMOTE_ENV} must be a Spark Connect URL such as sc://127.0.0.1:15002 "
-                          f"(sc://host[:port][/;name=value...]), not {url!r}")
-    for name, value in (param.split("=", 1) for param in match["params"].split(";")[1:]):
+                          f"(sc://host[:port][/;name=value...]), not {shown_remote(url)!r}")
+    params = dict(param.split("=", 1) for param in match["params"].split(";")[1:])
+    for name, value in params.items():
         if name not in REMOTE_PARAMS or (name == "use_ssl" and value.lower() not in ("true", "false")):
-            raise ConfigError(f"{SPARK_REMOTE_ENV}: {name}={value!r} is not allowed in the URL (only "
+            shown = "***" if name == "token" else value
+            raise ConfigError(f"{SPARK_REMOTE_ENV}: {name}={shown!r} is not allowed in the URL (only "
                               f"{', '.join(REMOTE_PARAMS)}; use_ssl true or false; every run opens its own sessions)")
+    if "token" in params and params.get("use_ssl", "true").lower() == "false":
+        raise ConfigError(f"{SPARK_REMOTE_ENV}: a token is only ever sent over TLS (Spark Connect's client), so "
+                          "use_ssl=false cannot go with it")
     return url
+
+
+def shown_remote(url: str) -> str:
+    """A Spark Connect URL as a message may show it: its token's value hidden."""
+    return re.sub(r"(;token=)[^;]*", r"\1***", url)
 
 
 # sc://host[:port][/][;name=value]...: a host name, an IPv4 address or a bracketed IPv6 one.
@@ -231,3 +241,20 @@ def report_lease_seconds() -> int:
     if not (raw.strip().isascii() and raw.strip().isdigit() and int(raw) >= 10):
         raise ConfigError(f"{REPORT_LEASE_ENV} must be a whole number of seconds, at least 10, not {raw!r}")
     return int(raw)
+
+
+def check_settings() -> None:
+    """Every COLDHARBOR_* setting a job reads from the environment, checked before any job starts
+    (job_main.run_job): a malformed one is one ConfigError naming it, in every job and whether or
+    not this run would have read it (a bad reader count went unnoticed until a big dirty set, a bad
+    commit-lock mode until after a batch's intent was recorded)."""
+    spark_remote()
+    spark_remote_wait_seconds()
+    check_spark_settings()
+    jdbc_readers()
+    base_readers()
+    export_workers()
+    lake_commit_lock_needed("")
+    history_window_hours()
+    report_lease_seconds()
+    extra_packages()

@@ -274,7 +274,8 @@ def connect_session(url: str, app_name: str):
         except Exception:  # noqa: BLE001 - best effort; the refusal below is what is reported
             pass
         raise lost_spark(exc) or SparkUnavailableError(
-            f"the Spark Connect server at {url} refused the session: {_first_line(exc)}") from exc
+            f"the Spark Connect server at {settings.shown_remote(url)} refused the session: {_first_line(exc)}"
+        ) from exc
     return spark
 
 
@@ -295,6 +296,9 @@ _LOST_SERVER_MARKERS = ("StatusCode.UNAVAILABLE", "RETRIES_EXCEEDED", "INVALID_H
                         "INVALID_HANDLE.SESSION_CHANGED")
 
 
+_TLS_FAILURES = ("TSI_PROTOCOL_FAILURE", "Handshake failed", "handshake failed")
+
+
 def lost_spark(exc: BaseException) -> ColdharborError | None:
     """The one-line error for a job whose Spark Connect server is unreachable or was restarted,
     or None when the failure is something else (a classic session never has this cause)."""
@@ -311,7 +315,11 @@ def lost_spark(exc: BaseException) -> ColdharborError | None:
     details = [str(e.details()) for e in chain
                if isinstance(e, grpc.RpcError) and callable(getattr(e, "details", None))]
     why = details[0] if details else _first_line(exc)
-    return SparkUnavailableError(f"the Spark Connect server at {url} is unreachable or was restarted ({why[:300]}); "
+    shown = settings.shown_remote(url)
+    if any(marker in f"{e!r} {e}" for e in chain for marker in _TLS_FAILURES):
+        return SparkUnavailableError(f"the Spark Connect server at {shown} does not speak TLS, which a token or "
+                                     f"use_ssl=true in the URL asks for ({why[:300]}); fix the URL or the server")
+    return SparkUnavailableError(f"the Spark Connect server at {shown} is unreachable or was restarted ({why[:300]}); "
                                  "start it (`make run`) and run the job again")
 
 

@@ -22,7 +22,7 @@ KEYS = ["k.1", "k`2"]
 DDL = ('"k.1" bigint, "k`2" text, "a.b" text, "x`y" integer, "ü.1" numeric(10,2), """q""" text, "s.t" date, '
        'PRIMARY KEY ("k.1", "k`2")')
 COLUMNS = '"k.1", "k`2", "a.b", "x`y", "ü.1", """q""", "s.t"'
-ROWS = (f"SELECT g, 'p' || (g % 2), 'a' || g, g * 10, g * 1.5, 'q\"' || g, date '2024-01-01' + g "
+ROWS = ("SELECT g, 'p' || (g % 2), 'a' || g, g * 10, g * 1.5, 'q\"' || g, date '2024-01-01' + g "
         "FROM generate_series(1, {n}) g")
 
 

@@ -131,6 +131,11 @@ def test_nothing_dirty_exits_without_starting_spark(pg_dsn, pg_conn, table_name,
     ("COLDHARBOR_SPARK_REMOTE", "sc://127.0.0.1:15002/;session_id=x", "COLDHARBOR_SPARK_REMOTE"),
     ("COLDHARBOR_DRIVER_MEMORY", "2 GB", "is not a JVM memory size"),
     ("COLDHARBOR_EXPORT_WORKERS", "0", "COLDHARBOR_EXPORT_WORKERS must be"),
+    # Found by the second cold attack: accepted, or refused per table after a batch's intent.
+    ("COLDHARBOR_JDBC_READERS", "x", "COLDHARBOR_JDBC_READERS='x' is not a number of readers"),
+    ("COLDHARBOR_BASE_READERS", "0", "COLDHARBOR_BASE_READERS must be"),
+    ("COLDHARBOR_LAKE_COMMIT_LOCK", "maybe", "COLDHARBOR_LAKE_COMMIT_LOCK must be auto, on or off"),
+    ("COLDHARBOR_REPORT_LEASE_SECONDS", "5", "COLDHARBOR_REPORT_LEASE_SECONDS must be"),
 ])
 def test_a_bad_setting_is_refused_by_a_cycle_with_nothing_dirty_too(pg_dsn, pg_conn, table_name, lake_root,
                                                                       name, raw, message):

@@ -23,11 +23,11 @@ JOB_ARGS = {"cdc_export.py": [], "cleanup.py": [], "compact.py": [], "verify.py"
             "serve_report.py": ["--sql", "SELECT 1 AS x FROM t", "--target", "adhoc_x"]}
 
 
-def run_job(job: str, *args: str, dsn: str) -> subprocess.CompletedProcess:
+def run_job(job: str, *args: str, dsn: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """A job's main() in a plain Python process (each refusal here comes before Spark starts)."""
     return subprocess.run([sys.executable, str(PROJECT / "jobs" / job), *args], capture_output=True, text=True,
                           timeout=300, env={"PYTHONPATH": str(PROJECT / "jobs"), "COLDHARBOR_PG_DSN": dsn,
-                                            "PATH": "/usr/bin:/bin", "SPARK_LOCAL_IP": "127.0.0.1"})
+                                            "PATH": "/usr/bin:/bin", "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})})
 
 
 def one_error_line(output: str) -> str:
@@ -47,6 +47,20 @@ def one_error_line(output: str) -> str:
 ])
 def test_a_malformed_dsn_is_one_line_and_exit_2_for_every_job(job, dsn, message, lake_root):
     done = run_job(job, "--lake-root", lake_root, *JOB_ARGS[job], dsn=dsn)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert message in one_error_line(done.stderr)
+    assert "s3cret" not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("job", sorted(JOB_ARGS))
+@pytest.mark.parametrize("name, raw, message", [
+    ("COLDHARBOR_JDBC_READERS", "x", "COLDHARBOR_JDBC_READERS='x' is not a number of readers"),
+    ("COLDHARBOR_LAKE_COMMIT_LOCK", "maybe", "COLDHARBOR_LAKE_COMMIT_LOCK must be auto, on or off"),
+    ("COLDHARBOR_SPARK_REMOTE", "sc://h:1/;token=s3cret;use_ssl=false", "a token is only ever sent over TLS"),
+])
+def test_a_malformed_setting_is_one_line_and_exit_2_for_every_job(job, name, raw, message, pg_dsn, lake_root):
+    """Found by the second cold attack: settings a run might not read were accepted, or refused late."""
+    done = run_job(job, "--lake-root", lake_root, *JOB_ARGS[job], dsn=pg_dsn, env={name: raw})
     assert done.returncode == 2, done.stderr[-3000:]
     assert message in one_error_line(done.stderr)
     assert "s3cret" not in done.stderr + done.stdout

@@ -130,3 +130,22 @@ def test_a_recorded_reason_is_one_line_never_a_grpc_or_jvm_repr(monkeypatch):
     assert reason(jvm) == ": org.apache.spark.SparkException: Job aborted."
     assert reason(LakeUnavailableError("table \"a\nb\" gone")) == 'table "a\\nb" gone'
     assert reason(KeyError()) == "KeyError"
+
+
+def test_a_token_in_the_remote_never_reaches_a_message(monkeypatch):
+    """Found by a cold attack: the token was printed in the job's error line and kept in
+    report_runs.error."""
+    monkeypatch.setenv(settings.SPARK_REMOTE_ENV, "sc://127.0.0.1:99999/;token=SuperSecret123")
+    with pytest.raises(ConfigError) as refused:
+        settings.spark_remote()
+    assert "SuperSecret123" not in str(refused.value) and "token=***" in str(refused.value)
+    monkeypatch.setenv(settings.SPARK_REMOTE_ENV, "sc://127.0.0.1:1/;token=SuperSecret123;use_ssl=false")
+    with pytest.raises(ConfigError, match="a token is only ever sent over TLS"):
+        settings.spark_remote()
+    monkeypatch.setenv(settings.SPARK_REMOTE_ENV, "sc://127.0.0.1:1/;token=SuperSecret123")
+    lost = RuntimeError("<_InactiveRpcError of RPC that terminated with:\n\tstatus = StatusCode.UNAVAILABLE\n\t"
+                        "details = \"failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: "
+                        "Ssl handshake failed (TSI_PROTOCOL_FAILURE)\"\n>")
+    said = str(spark.lost_spark(lost))
+    assert "SuperSecret123" not in said and "sc://127.0.0.1:1/;token=***" in said
+    assert "does not speak TLS" in said

@@ -270,14 +270,14 @@ def lake_columns(conn: psycopg.Connection, table: RegisteredTable) -> list[LakeC
     except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
         raise MissingTableError(missing_message([table.qualified_name])) from None
     except (psycopg.errors.FeatureNotSupported, psycopg.errors.InvalidName) as exc:
-        raise ConfigError(f"cannot export {table.qualified_name}: {exc.diag.message_primary}") from exc
+        raise ConfigError(f"{table.qualified_name}: {exc.diag.message_primary}") from exc
     columns = [LakeColumn(*row) for row in rows]
     if table.source_kind == "entity":
         # An entity view has no primary key in the catalog; its records are keyed by row_id.
         columns = [LakeColumn(c.name, c.pg_type, c.lake_type, 1 if c.name == "row_id" else None) for c in columns]
     keys = tuple(c.name for c in sorted((c for c in columns if c.is_key), key=lambda c: c.key_position))
     if keys != table.key_columns:
-        raise ConfigError(f"cannot export {table.qualified_name}: its primary key is now ({', '.join(keys)}) "
+        raise ConfigError(f"{table.qualified_name}: its primary key is now ({', '.join(keys)}) "
                           f"but was registered as ({', '.join(table.key_columns)}); register it again")
     return columns
 

@@ -18,12 +18,16 @@ def cache_path(lake_root: str) -> str:
 
 
 def save(spark: SparkSession, lake_root: str, tables: Sequence[tuple[RegisteredTable, Sequence[LakeColumn]]]) -> None:
-    entries = {t.qualified_name: {"table": [t.table_id, t.schema_name, t.table_name, list(t.key_columns),
-                                            t.lake_location, list(t.partition_by), list(t.sort_by)],
-                                  "columns": [[c.name, c.pg_type, c.lake_type, c.key_position] for c in columns]}
+    # Keyed by the quoted name: "a.b".c and a."b.c" are two tables (their schema.table spelling is one).
+    entries = {t.quoted_name: {"table": [t.table_id, t.schema_name, t.table_name, list(t.key_columns),
+                                         t.lake_location, list(t.partition_by), list(t.sort_by)],
+                               "columns": [[c.name, c.pg_type, c.lake_type, c.key_position] for c in columns]}
                for t, columns in tables}
     current = lake_store.read_text(cache_path(lake_root))
-    merged = {**(json.loads(current) if current else {}), **entries}
+    saved = {t.table_id for t, _ in tables}
+    # An entry of a table saved now goes, whatever its key (a copy written before keyed it otherwise).
+    kept = {k: v for k, v in (json.loads(current) if current else {}).items() if v["table"][0] not in saved}
+    merged = {**kept, **entries}
     if merged != (json.loads(current) if current else None):
         lake_store.write_text(cache_path(lake_root), json.dumps(merged, sort_keys=True))
 

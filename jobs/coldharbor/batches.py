@@ -57,8 +57,10 @@ def begin(conn: psycopg.Connection, table: RegisteredTable, run_id: str, row_cou
 # The batch's change rows, marked flushed. Planned with nested loops off: with statistics taken
 # while the table had no dirty change (the usual state between exports), PostgreSQL expects one
 # dirty row and may scan the whole batch's change ids once per dirty row, quadratic: a 300,000-row
-# mark ran for more than 5 minutes (holding the table's export lock) where a hash join takes 2 s.
-MARK_PLANNING = "SET LOCAL enable_nestloop = off"
+# mark ran for more than 5 minutes (holding the table's export lock) where a hash join takes 1 s.
+# The hash holds the batch's change rows in memory: 1,000,000 marked in 2.9 s with the export's
+# work_mem, 4.1 s spilling in PostgreSQL's default 4MB (as fast as the nested loop on fresh statistics).
+MARK_PLANNING = f"SET LOCAL enable_nestloop = off; SET LOCAL work_mem = '{hot_reader.EXPORT_WORK_MEM}'"
 MARK = """UPDATE coldharbor.change_log c
              SET flushed_at = now(), lake_version = %(version)s
             FROM (SELECT unnest(change_ids) AS id FROM coldharbor.export_batches

@@ -178,8 +178,13 @@ def _export_or_refuse(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jd
     try:
         return export_table(spark, conn, jdbc, table, config, hook)
     except ColdharborError as exc:
-        log.warning("%s not exported: %s", table.qualified_name, exc)  # the run ends with one error line
-        return TableResult(table.qualified_name, "failed", error=str(exc))
+        return _refused(table, exc)
+
+
+def _refused(table: RegisteredTable, exc: ColdharborError) -> TableResult:
+    """A table refused for a reason of its own: a warning (the run ends with one error line)."""
+    log.warning("%s not exported: %s", table.qualified_name, exc)
+    return TableResult(table.qualified_name, "failed", error=str(exc))
 
 
 def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
@@ -370,8 +375,7 @@ def main(argv: list[str]) -> int:
                     if needs_spark(conn, table):
                         todo.append(table)
                 except ColdharborError as exc:
-                    log.warning("%s not exported: %s", table.qualified_name, exc)
-                    results.append(TableResult(table.qualified_name, "failed", error=str(exc)))
+                    results.append(_refused(table, exc))
             if not todo and not results:
                 log.info("nothing dirty in %s registered table(s); no Spark session started", len(tables))
                 return 0

@@ -296,7 +296,7 @@ _LOST_SERVER_MARKERS = ("StatusCode.UNAVAILABLE", "RETRIES_EXCEEDED", "INVALID_H
                         "INVALID_HANDLE.SESSION_CHANGED")
 
 
-_TLS_FAILURES = ("TSI_PROTOCOL_FAILURE", "Handshake failed", "handshake failed")
+_TLS_FAILURES = ("tsi_protocol_failure", "handshake failed")  # matched in lower case
 
 
 def lost_spark(exc: BaseException) -> ColdharborError | None:
@@ -316,7 +316,7 @@ def lost_spark(exc: BaseException) -> ColdharborError | None:
                if isinstance(e, grpc.RpcError) and callable(getattr(e, "details", None))]
     why = details[0] if details else _first_line(exc)
     shown = settings.shown_remote(url)
-    if any(marker in f"{e!r} {e}" for e in chain for marker in _TLS_FAILURES):
+    if any(marker in f"{e!r} {e}".lower() for e in chain for marker in _TLS_FAILURES):
         return SparkUnavailableError(f"the Spark Connect server at {shown} does not speak TLS, which a token or "
                                      f"use_ssl=true in the URL asks for ({why[:300]}); fix the URL or the server")
     return SparkUnavailableError(f"the Spark Connect server at {shown} is unreachable or was restarted ({why[:300]}); "

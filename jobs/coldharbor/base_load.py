@@ -350,8 +350,11 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
         hook(f"{points}_after_snapshot")
         current = table_reader.read_table(spark, conn, jdbc, snapshot, table, columns, base_parallelism(spark))
         tiered = keeps_lake_only_rows(conn, table) and not new_relation
+        # A base the lake holds alone (no lake table before it, or one it replaces) has one version
+        # per key and nothing older: settled. Over rows the lake keeps, its rows rank like an export's.
         rows = (base_rows(current, lake_keys, columns, snapshot.taken_at, tiered=tiered)
-                .transform(to_lake_rows(columns, batch_id, datetime.now(timezone.utc))))
+                .transform(to_lake_rows(columns, batch_id, datetime.now(timezone.utc),
+                                        settled=lake_keys is None)))
         rows = faults.inside_tasks(rows, f"{points}_during_write")
         with pg.lake_commit_lock(conn, table.table_id, path):
             if change.widened:

@@ -5,7 +5,9 @@ Per table (under its compaction lock) and per partition:
   1. plan from the Delta log: a partition is rewritten when it holds at least `min_small_files`
      files smaller than `small_file_ratio` x the target size;
   2. read the partition at the planned version V and keep, per key, the versions inside the
-     history window plus the newest older one (`lake_rows.mark_kept`); the rewrite covers every
+     history window plus the newest older one (`lake_rows.mark_kept`), the newest of all settled
+     and the others not (`lake_rows.mark_settled`: current reads rank only what exports add
+     after it); the rewrite covers every
      file of the partition, and partition columns are part of the key, so it covers every file
      that can hold an older version of a key: dropping a delete marker cannot resurrect anything;
   3. write ceil(bytes / target) files sorted by the table's sort columns (else its key) as ONE
@@ -35,7 +37,7 @@ from coldharbor import faults, lake, maintenance_runs, pg, registry, settings
 from coldharbor.errors import ConfigError, LakeUnavailableError, raise_if_tables_failed
 from coldharbor.job_main import reason, run_job
 from coldharbor.lake import LakeFile, LakeSnapshot
-from coldharbor.lake_rows import BATCH_ID, DELETED, KEEP, column, mark_kept, quoted
+from coldharbor.lake_rows import BATCH_ID, DELETED, KEEP, SETTLED, column, mark_kept, mark_settled, quoted
 from coldharbor.registry import RegisteredTable
 
 log = logging.getLogger(__name__)
@@ -212,7 +214,8 @@ def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: Reg
     max_batch = _max_batch(rows, files)
     cutoff = datetime.now(timezone.utc) - config.history_window
     observation = Observation(f"compaction-{config.run_id}-{snap.version}")
-    kept = (rows.transform(mark_kept(table.key_columns, cutoff))
+    adds_settled = SETTLED not in rows.columns  # a lake table written before the column
+    kept = (rows.transform(mark_settled(table.key_columns)).transform(mark_kept(table.key_columns, cutoff))
             .observe(observation,
                      F.count(F.lit(1)).alias("rows_before"),
                      F.count(F.when(column(DELETED), 1)).alias("markers_before"),
@@ -226,12 +229,20 @@ def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: Reg
     hook("compact_before_commit")
     writer = (out.write.format("delta").mode("overwrite")
               .option("replaceWhere", f"({where}) AND {quoted(BATCH_ID)} <= {max_batch}")
-              .option("userMetadata", json.dumps(metadata, sort_keys=True)))
+              .option("userMetadata", json.dumps(metadata, sort_keys=True))
+              .option("mergeSchema", str(adds_settled).lower()))
     if table.partition_by:
         writer = writer.partitionBy(*table.partition_by)
     with pg.lake_commit_lock(conn, table.table_id, path):
         _check_no_rewrites_since(spark, path, snap.version)
+        # The current read skips files by the column's statistics. Delta checks the property against
+        # the schema: a table still without the column gains it with the rewrite, and the property
+        # after it (that rewrite's files have none; the next ones do).
+        if not adds_settled:
+            lake.collect_statistics_of(spark, path, SETTLED)
         writer.save(path)
+        if adds_settled:
+            lake.collect_statistics_of(spark, path, SETTLED)
     hook("compact_after_commit")
     figures = observation.get
     entry = lake.find_commit_entry(spark, path, {"operation": OPERATION, "run_id": config.run_id,

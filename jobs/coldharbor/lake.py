@@ -16,7 +16,7 @@ from pyspark.sql.types import StructType
 from coldharbor import lake_store
 from coldharbor import spark as spark_sessions
 from coldharbor.errors import ColdharborError, ConfigError, LakeUnavailableError
-from coldharbor.lake_rows import BATCH_ID, CHANGED_AT, METADATA_COLUMNS, SEQ, column, quoted
+from coldharbor.lake_rows import BATCH_ID, CHANGED_AT, METADATA_COLUMNS, SEQ, SETTLED, column, quoted
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +118,44 @@ def set_table_property(spark: SparkSession, path: str, name: str, value: str | N
 # Delta computes min/max/null statistics of the first 32 columns of every file it writes, which is
 # a third of the export's write time. The lake's readers only skip files by key (a report's key
 # filter passes the last-write-wins window), by sort columns (what compaction clusters by) and by
-# the metadata below (compaction's batch ids, as-of reports' change times); a table created by the
-# export keeps statistics of just those.
+# the metadata below (compaction's batch ids, as-of reports' change times, the current read's split
+# of settled and fresh rows); a table created by the export keeps statistics of just those.
 STATS_COLUMNS_PROPERTY = "delta.dataSkippingStatsColumns"
-STATS_METADATA_COLUMNS = (SEQ, CHANGED_AT, BATCH_ID)
+STATS_METADATA_COLUMNS = (SEQ, CHANGED_AT, BATCH_ID, SETTLED)
 # Delta refuses to collect statistics of these (DELTA_COLUMN_DATA_SKIPPING_NOT_SUPPORTED_TYPE): a
 # bytea or boolean key column gets none.
 NO_STATISTICS_TYPES = frozenset({"binary", "boolean"})
+
+
+def collect_statistics_of(spark: SparkSession, path: str, name: str) -> None:
+    """Adds `name` to the table's statistics columns when it has a list without it (a table created
+    before the column was): files written from now on carry its statistics."""
+    wanted = lake_store.table_property(path, STATS_COLUMNS_PROPERTY)
+    if wanted is None or name in stats_property_columns(wanted):
+        return
+    set_table_property(spark, path, STATS_COLUMNS_PROPERTY, f"{wanted},{quoted(name)}")
+
+
+def stats_property_columns(value: str) -> list[str]:
+    """The column names a statistics-columns property lists: comma-separated, each bare or in
+    backticks (a backtick inside doubled), spaces around them ignored."""
+    names, current, quoted_part, i = [], "", False, 0
+    while i < len(value):
+        char = value[i]
+        if char == "`":
+            if quoted_part and value[i + 1:i + 2] == "`":
+                current += "`"
+                i += 1
+            else:
+                quoted_part = not quoted_part
+        elif char == "," and not quoted_part:
+            names.append(current.strip())
+            current = ""
+        else:
+            current += char
+        i += 1
+    names.append(current.strip())
+    return [n for n in names if n]
 
 
 def stats_property(columns: Sequence[str], partition_by: Sequence[str]) -> str:

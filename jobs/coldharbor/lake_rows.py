@@ -11,6 +11,13 @@ A lake row is the table's columns plus metadata:
                    reports inside that span are refused, not answered with the older version)
   _ch_batch_id     export batch that wrote the row (ties on _ch_seq are broken by it)
   _ch_exported_at  when the batch was built
+  _ch_settled      1: the newest version of its key among the batches the commit that wrote it
+                   replaced (a compaction's newest kept version, a base that holds the table alone);
+                   0: an older version a compaction kept for as-of reports; NULL: written by an
+                   export (or before this column). A current read ranks only the keys that hold a
+                   NULL row (`current_rows`); as-of reads, compaction and purge rank every version.
+                   An integer, not a boolean: Delta keeps no file statistics of booleans, and the
+                   current read skips files by this column's
 
 A column is named to Spark through `column` (or `quoted` in SQL text), never by a bare string:
 Spark parses a name it is given as a string (`F.col`, `select`, `groupBy`, `Window.partitionBy`,
@@ -38,7 +45,9 @@ CHANGED_AT = "_ch_changed_at"
 FIRST_CHANGED_AT = "_ch_first_changed_at"
 BATCH_ID = "_ch_batch_id"
 EXPORTED_AT = "_ch_exported_at"
-METADATA_COLUMNS = (SEQ, DELETED, CHANGED_AT, BATCH_ID, EXPORTED_AT, FIRST_CHANGED_AT)
+SETTLED = "_ch_settled"
+NEWEST, OLDER = 1, 0  # values of SETTLED
+METADATA_COLUMNS = (SEQ, DELETED, CHANGED_AT, BATCH_ID, EXPORTED_AT, FIRST_CHANGED_AT, SETTLED)
 
 Transform = Callable[[DataFrame], DataFrame]
 
@@ -53,8 +62,10 @@ def column(name: str) -> Column:
     return F.col(quoted(name))
 
 
-def to_lake_rows(columns: Sequence[LakeColumn], batch_id: int, exported_at: datetime) -> Transform:
-    """Images read from PostgreSQL -> lake rows: the schema contract of the Delta table."""
+def to_lake_rows(columns: Sequence[LakeColumn], batch_id: int, exported_at: datetime,
+                 settled: bool = False) -> Transform:
+    """Images read from PostgreSQL -> lake rows: the schema contract of the Delta table. `settled`
+    only for a base the lake will hold alone (one version per key, nothing older)."""
 
     def transform(images: DataFrame) -> DataFrame:
         return images.select(
@@ -65,6 +76,7 @@ def to_lake_rows(columns: Sequence[LakeColumn], batch_id: int, exported_at: date
             F.lit(batch_id).cast("long").alias(BATCH_ID),
             F.lit(exported_at).cast("timestamp").alias(EXPORTED_AT),
             column(FIRST_CHANGED_AT).cast("timestamp").alias(FIRST_CHANGED_AT),
+            F.lit(NEWEST if settled else None).cast("int").alias(SETTLED),
         )
 
     return transform
@@ -85,12 +97,54 @@ def latest_per_key(key_columns: Sequence[str]) -> Transform:
     return transform
 
 
-def live_rows(key_columns: Sequence[str]) -> Transform:
-    """The table as the lake holds it: last write per key, delete markers dropped, no metadata."""
+def current_rows(key_columns: Sequence[str]) -> Transform:
+    """The newest version of every key (what `latest_per_key` returns), ranking only the keys that can
+    have more than one candidate.
+
+    A settled row (`_ch_settled` 1) is the newest of its key among everything written before it
+    (a compaction's or a lone base's), and a kept older version (0) never outranks it: the only
+    rows that can are the NULL ones, written by exports since. So a settled row whose key holds no
+    NULL row is its key's newest as it stands, with no window; the keys that hold a NULL row rank
+    their NULL rows and their settled row by last-write-wins. Kept older versions are left out
+    (as-of reads need them, `latest_per_key` over every row). A lake table without the column (no
+    export or compaction since it was added) ranks every row.
+    """
     latest = latest_per_key(key_columns)
 
     def transform(rows: DataFrame) -> DataFrame:
-        return latest(rows).filter(~column(DELETED)).drop(*METADATA_COLUMNS)
+        if SETTLED not in rows.columns:
+            return latest(rows)
+        settled = rows.filter(column(SETTLED) == NEWEST)
+        fresh = rows.filter(column(SETTLED).isNull())
+        fresh_keys = fresh.select(*[column(k) for k in key_columns])
+        lone = settled.join(fresh_keys, on=list(key_columns), how="left_anti")
+        contested = fresh.unionByName(settled.join(fresh_keys, on=list(key_columns), how="left_semi"))
+        return lone.unionByName(latest(contested))
+
+    return transform
+
+
+def live_rows(key_columns: Sequence[str]) -> Transform:
+    """The table as the lake holds it now: last write per key, delete markers dropped, no metadata."""
+    current = current_rows(key_columns)
+
+    def transform(rows: DataFrame) -> DataFrame:
+        return current(rows).filter(~column(DELETED)).drop(*METADATA_COLUMNS)
+
+    return transform
+
+
+def mark_settled(key_columns: Sequence[str]) -> Transform:
+    """Sets `_ch_settled` for a rewrite of every version of its keys (a compaction of a partition):
+    NEWEST on each key's newest version (`latest_per_key`'s order), OLDER on the others."""
+    if not key_columns:
+        raise ValueError("mark_settled needs at least one key column")
+    newest_first = Window.partitionBy(*[column(k) for k in key_columns]).orderBy(
+        column(SEQ).desc(), column(BATCH_ID).desc())
+
+    def transform(rows: DataFrame) -> DataFrame:
+        newest = F.row_number().over(newest_first) == 1
+        return rows.withColumn(SETTLED, F.when(newest, F.lit(NEWEST)).otherwise(F.lit(OLDER)))
 
     return transform
 
@@ -106,15 +160,24 @@ def mark_kept(key_columns: Sequence[str], cutoff: datetime) -> Transform:
     marker. A dropped base marker loses nothing: with no older version left, the key is absent
     at every time from the cutoff until its next version. Everything older than the base is
     superseded. Order: change sequence, then batch id (deterministic, never the clock).
+
+    Older by that order, whatever its time: a change time is its transaction's start when the server
+    does not track commit timestamps, so a version can be changed after the cutoff and still rank
+    below the base (a transaction that began earlier wrote the base later). Every as-of read after
+    the cutoff sees the base too and ranks it first; kept, that version would outlive a dropped
+    base marker and come back.
     """
     if not key_columns:
         raise ValueError("mark_kept needs at least one key column")
     in_window = F.coalesce(column(CHANGED_AT) > F.lit(cutoff), F.lit(False))
-    newest_first = Window.partitionBy(*[column(k) for k in key_columns], in_window).orderBy(
-        column(SEQ).desc(), column(BATCH_ID).desc())
+    keys = [column(k) for k in key_columns]
+    newest_first = Window.partitionBy(*keys, in_window).orderBy(column(SEQ).desc(), column(BATCH_ID).desc())
+    order = F.struct(column(SEQ), column(BATCH_ID))
+    base_order = F.max(F.when(~in_window, order)).over(Window.partitionBy(*keys))
 
     def transform(rows: DataFrame) -> DataFrame:
         is_base = ~in_window & (F.row_number().over(newest_first) == 1)
-        return rows.withColumn(KEEP, in_window | (is_base & ~column(DELETED)))
+        outranks_base = base_order.isNull() | (order > base_order)
+        return rows.withColumn(KEEP, (in_window & outranks_base) | (is_base & ~column(DELETED)))
 
     return transform

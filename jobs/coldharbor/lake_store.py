@@ -84,6 +84,13 @@ def txn_version(path: str, app_id: str) -> int | None:
         return None if table is None else table.transaction_version(app_id)
 
 
+def table_property(path: str, name: str) -> str | None:
+    """The value of the Delta table's property `name` (None: not set, or no table)."""
+    with failing_as("reading the Delta log of", path):
+        table = _load(path)
+        return None if table is None else table.metadata().configuration.get(name)
+
+
 def live_files(path: str) -> tuple[int, list[dict]] | None:
     """(version, one dict per live file: path as the log has it, partition as text, size_bytes,
     num_records, max_batch_id from the file's statistics), or None when there is no table."""

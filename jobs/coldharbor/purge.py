@@ -41,7 +41,7 @@ from coldharbor.cleanup import DELTA_GUARD_HOURS, check_retention, vacuum_files
 from coldharbor.errors import LakeUnavailableError, TableBusyError
 from coldharbor.export import recover_pending
 from coldharbor.job_main import reason, run_job
-from coldharbor.lake_rows import DELETED, column, latest_per_key, quoted
+from coldharbor.lake_rows import DELETED, SETTLED, column, latest_per_key, quoted
 from coldharbor.purge_predicate import Predicate
 from coldharbor.registry import LakeColumn, RegisteredTable
 from coldharbor.spark import temporary_conf
@@ -134,7 +134,7 @@ def _purge(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable
             with pg.lake_commit_lock(conn, table.table_id, path):
                 result.lake_rows_deleted, result.lake_version = _merge_delete(
                     spark, path, rows.schema, key_names, sorted(all_keys, key=repr), predicate, config,
-                    table.partition_by)
+                    table.partition_by, kept=sorted(current, key=repr))
         result.keys_purged = len(all_keys)
         where, params = _change_log_of(conn, table, keys, all_keys)
         result.change_log_deleted = conn.execute(
@@ -246,12 +246,22 @@ def _as_lake_value(column: LakeColumn) -> sql.Composable:
 
 
 def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], keys: list[tuple],
-                  predicate: Predicate, config: PurgeConfig, partition_by: Sequence[str]) -> tuple[int, int]:
-    """One Delta commit: every version of the purged keys, and every other matching live version."""
-    key_schema = ", ".join(f"{quoted(k)} {schema[k].dataType.simpleString()}" for k in key_names)
+                  predicate: Predicate, config: PurgeConfig, partition_by: Sequence[str],
+                  kept: Sequence[tuple] = ()) -> tuple[int, int]:
+    """One Delta commit: every version of the purged keys, and every other matching live version.
+
+    A `kept` key (its newest lake version matches, its current row in PostgreSQL does not) loses
+    its matching versions only; when that took its settled row (`_ch_settled`), its other versions
+    are ranked again (set NULL), so the current read finds its newest remaining version."""
+    # The source's columns are named apart from the table's: the predicate names the table's
+    # columns unqualified, and a matched clause sees both sides.
+    key_schema = ", ".join(f"_ch_purge_k{i} {schema[k].dataType.simpleString()}" for i, k in enumerate(key_names))
     source = f"_ch_purge_keys_{uuid.uuid4().hex}"
-    spark.createDataFrame(keys, key_schema).createOrReplaceTempView(source)
-    on = " AND ".join(f"t.{quoted(k)} <=> s.{quoted(k)}" for k in key_names)
+    spark.createDataFrame([(*k, False) for k in keys] + [(*k, True) for k in kept],
+                          f"{key_schema}, {KEPT} boolean").createOrReplaceTempView(source)
+    unsettle = (f"WHEN MATCHED AND s.{KEPT} AND t.{quoted(SETTLED)} IS NOT NULL THEN UPDATE SET {quoted(SETTLED)} = NULL "
+                if SETTLED in schema.fieldNames() else "")
+    on = " AND ".join(f"t.{quoted(k)} <=> s._ch_purge_k{i}" for i, k in enumerate(key_names))
     metadata = json.dumps({"operation": "coldharbor-purge", "run_id": config.run_id, "predicate": predicate.text})
     # MERGE names its target by path only as an identifier: path identifiers are on for this
     # statement alone (a purge runs no report SQL).
@@ -263,7 +273,9 @@ def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], 
     try:
         with temporary_conf(spark, merge_conf):
             spark.sql(f"MERGE INTO {lake.path_identifier(path)} AS t USING {source} AS s ON {on} "
-                      f"WHEN MATCHED THEN DELETE "
+                      f"WHEN MATCHED AND NOT s.{KEPT} THEN DELETE "
+                      f"WHEN MATCHED AND ({_live_match(predicate)}) THEN DELETE "
+                      f"{unsettle}"
                       f"WHEN NOT MATCHED BY SOURCE AND ({_live_match(predicate)}) THEN DELETE").collect()
     finally:
         spark.catalog.dropTempView(source)
@@ -271,6 +283,9 @@ def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], 
     if entry is None:
         raise LakeUnavailableError(f"the purge commit of {path} is not in its Delta history")
     return int(entry["metrics"].get("numTargetRowsDeleted", 0)), entry["version"]
+
+
+KEPT = "_ch_purge_kept"
 
 
 def _live_match(predicate: Predicate) -> str:

@@ -16,7 +16,7 @@ from datetime import datetime
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from coldharbor.lake_rows import CHANGED_AT, DELETED, Transform, column, live_rows
+from coldharbor.lake_rows import CHANGED_AT, DELETED, Transform, column, latest_per_key, live_rows
 from coldharbor.registry import LakeColumn
 
 
@@ -36,15 +36,21 @@ def table_contract(columns: Sequence[LakeColumn]) -> Transform:
 
 
 def cold_live(columns: Sequence[LakeColumn], as_of: datetime | None = None) -> Transform:
-    """Lake rows -> the table as the lake holds it (optionally as of a change time)."""
+    """Lake rows -> the table as the lake holds it (optionally as of a change time).
+
+    Now, only the keys that can have several candidates are ranked (`current_rows`); as of a time,
+    every version up to it is (a settled row may be newer than the time, the version before it
+    kept unsettled)."""
     keys = [c.name for c in sorted((c for c in columns if c.is_key), key=lambda c: c.key_position)]
-    live = live_rows(keys)
     contract = table_contract(columns)
+    if as_of is None:
+        live = live_rows(keys)
+        return lambda lake: contract(live(lake))
+    latest = latest_per_key(keys)
 
     def transform(lake: DataFrame) -> DataFrame:
-        if as_of is not None:
-            lake = lake.filter(column(CHANGED_AT) <= F.lit(as_of))
-        return contract(live(lake))
+        rows = latest(lake.filter(column(CHANGED_AT) <= F.lit(as_of)))
+        return contract(rows.filter(~column(DELETED)))
 
     return transform
 

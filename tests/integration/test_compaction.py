@@ -9,7 +9,7 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import Row
 
-from coldharbor import lake, pg, registry
+from coldharbor import lake, lake_store, pg, registry
 from coldharbor.compaction import CompactionConfig, compact_table
 from coldharbor.errors import ConfigError
 from tests.helpers import export, lake_live, lake_table, pg_rows
@@ -281,3 +281,61 @@ def test_compacting_an_unregistered_table_is_refused(pg_dsn, lake_root, monkeypa
     assert "not registered" in caplog.text
     assert main(["--lake-root", lake_root, "--min-small-files", "1"]) == 2
     assert "min small files must be at least 2" in caplog.text
+
+
+def test_current_reads_rank_only_the_keys_exported_since_the_compaction(spark, pg_dsn, pg_conn, table_name,
+                                                                          lake_root):
+    """A table registered with rows (a settled base), exports, a compaction that keeps older
+    versions for as-of reads, then exports of the same keys again: the current read (which ranks
+    only the keys with rows exported since) matches PostgreSQL and the ranking of every row."""
+    from coldharbor.lake_rows import NEWEST, OLDER, SETTLED, latest_per_key
+
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
+    pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 'base ' || g FROM generate_series(1, 8) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    [table] = registry.load(pg_conn, table_name)
+    path = table.lake_path(lake_root)
+    export(spark, pg_dsn, table_name, lake_root)  # the initial load
+    assert {r[SETTLED] for r in lake_table(spark, lake_root, table_name).collect()} == {NEWEST}
+    for statement in (f"UPDATE {table_name} SET v = 'second' WHERE id IN (1, 2, 3)",
+                      f"DELETE FROM {table_name} WHERE id IN (4, 5)",
+                      f"INSERT INTO {table_name} VALUES (9, 'new')"):
+        pg_conn.execute(statement)
+        export(spark, pg_dsn, table_name, lake_root)
+    assert {r[SETTLED] for r in lake_table(spark, lake_root, table_name).filter("_ch_batch_id > 1").collect()} \
+        == {None}
+    lake.set_table_property(spark, path, lake.STATS_COLUMNS_PROPERTY, "`id`")  # a table made before the column
+    result = compact(spark, pg_dsn, table, lake_root, history_window=timedelta(hours=1))
+    assert result.status == "compacted"
+    compacted = lake_table(spark, lake_root, table_name).collect()
+    assert sorted(r.id for r in compacted if r[SETTLED] == NEWEST) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert {r[SETTLED] for r in compacted} == {NEWEST, OLDER}  # the versions before kept for as-of reads
+    assert "`_ch_settled`" in lake_store.table_property(path, lake.STATS_COLUMNS_PROPERTY).split(",")
+    for statement in (f"UPDATE {table_name} SET v = 'third' WHERE id IN (1, 6)",
+                      f"DELETE FROM {table_name} WHERE id IN (2, 9)",
+                      f"INSERT INTO {table_name} VALUES (4, 'back')",
+                      f"UPDATE {table_name} SET v = 'fourth' WHERE id = 1"):
+        pg_conn.execute(statement)
+        export(spark, pg_dsn, table_name, lake_root)
+    expected = pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
+    assert lake_live(spark, lake_root, table_name, ["id"]) == expected
+    every_row = (lake_table(spark, lake_root, table_name).transform(latest_per_key(["id"]))
+                 .filter("NOT _ch_deleted").select("id", "v").collect())
+    assert {(r.id,): {"id": r.id, "v": r.v} for r in every_row} == expected
+
+
+def test_a_lake_table_written_before_the_settled_column_gains_it_and_its_statistics(spark, pg_dsn, pg_conn,
+                                                                                      table_name, lake_root):
+    from coldharbor.lake_rows import NEWEST, SETTLED
+
+    table = register(pg_conn, table_name)
+    path = table.lake_path(lake_root)
+    write_batches(spark, path, {1: [lake_row(1, "a", 1, 1), lake_row(2, "b", 2, 1)],
+                                2: [lake_row(1, "a2", 3, 2)]})
+    lake.set_table_property(spark, path, lake.STATS_COLUMNS_PROPERTY, "`id`,`_ch_seq`")  # as the export made it
+    assert SETTLED not in lake_table(spark, lake_root, table_name).columns
+    assert compact(spark, pg_dsn, table, lake_root).status == "compacted"
+    assert {(r.id, r.v, r[SETTLED]) for r in lake_table(spark, lake_root, table_name).collect()} == \
+        {(1, "a2", NEWEST), (2, "b", NEWEST)}
+    assert lake.stats_property_columns(lake_store.table_property(path, lake.STATS_COLUMNS_PROPERTY)) == \
+        ["id", "_ch_seq", SETTLED]

@@ -99,12 +99,16 @@ def test_a_created_lake_table_keeps_statistics_of_keys_sort_columns_and_metadata
     export(spark, pg_dsn, table_name, lake_root)
     path = f"{lake_root}/public/{table_name}"
     properties = DeltaTable.forPath(spark, path).detail().first()["properties"]
-    assert properties["delta.dataSkippingStatsColumns"] == "`id`,`label`,`_ch_seq`,`_ch_changed_at`,`_ch_batch_id`"
+    assert properties["delta.dataSkippingStatsColumns"] == \
+        "`id`,`label`,`_ch_seq`,`_ch_changed_at`,`_ch_batch_id`,`_ch_settled`"
     snapshot = lake.snapshot(spark, path)
     assert sorted(f.max_batch_id for f in snapshot.files) == [1, 2], "compaction still sees each file's batch"
     for entry in spark.read.json(f"{path}/_delta_log/*.json").where("add IS NOT NULL").select("add.stats").collect():
-        assert set(json.loads(entry["stats"])["minValues"]) == {"id", "label", "_ch_seq", "_ch_changed_at",
-                                                                 "_ch_batch_id"}
+        stats = json.loads(entry["stats"])
+        assert set(stats["minValues"]) == {"id", "label", "_ch_seq", "_ch_changed_at", "_ch_batch_id"}
+        # an export's rows are unsettled: all NULL, which the current read skips files by
+        assert set(stats["nullCount"]) == {"id", "label", "_ch_seq", "_ch_changed_at", "_ch_batch_id", "_ch_settled"}
+        assert stats["nullCount"]["_ch_settled"] == stats["numRecords"]
 
 
 def test_an_update_committed_between_read_and_mark_stays_dirty(spark, pg_dsn, admin_dsn, pg_conn, table_name, lake_root):

@@ -264,3 +264,36 @@ def test_timestamptz_keys_at_the_lakes_edges_purge_whatever_the_python_zone(
                         f"adhoc_{t}") == 0
     assert pg_rows(pg_conn, f"SELECT * FROM reports.adhoc_{t}", ["at", "shop"]) == expected
     assert spark.read.format("delta").load(table.lake_path(lake_root)).filter("v = 'gone'").count() == 0
+
+
+def test_a_kept_key_whose_settled_row_is_purged_is_ranked_again(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                                 monkeypatch):
+    """Compaction settled key 1's matching version and kept its older one; the purge takes the
+    settled row of a key it keeps (its current row no longer matches): the key's remaining versions
+    are ranked again, so the lake alone still answers with its newest remaining version."""
+    from coldharbor.lake_rows import SETTLED, latest_per_key, live_rows
+
+    pg_conn.execute(f"CREATE TABLE {table_name} ({DDL})")
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'c0', 1), (2, 'c2', 2)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    [table] = registry.load(pg_conn, table_name)
+    export(spark, pg_dsn, table_name, lake_root)  # the initial load
+    pg_conn.execute(f"UPDATE {table_name} SET customer = 'c1' WHERE id = 1")
+    export(spark, pg_dsn, table_name, lake_root)
+    with pg.connect(pg_dsn) as conn:
+        compact_table(spark, conn, table, CompactionConfig(None, lake_root, f"c-{table_name}", min_small_files=2,
+                                                           history_window=timedelta(hours=1)))
+    path = table.lake_path(lake_root)
+    assert sorted((r.id, r.customer, r[SETTLED]) for r in spark.read.format("delta").load(path).collect()) == \
+        [(1, "c0", 0), (1, "c1", 1), (2, "c2", 1)]
+    pg_conn.execute(f"UPDATE {table_name} SET customer = 'c3' WHERE id = 1")  # not exported
+
+    result = purge_now(spark, pg_dsn, table, table_name, "customer = 'c1'", lake_root, "p-settled")
+    assert result.complete, result.remaining
+    assert result.keys_kept == 1
+    lake_rows = spark.read.format("delta").load(path)
+    ranked_all = {r.id: r.customer for r in lake_rows.transform(latest_per_key(["id"])).collect()}
+    assert ranked_all == {1: "c0", 2: "c2"}
+    assert {r.id: r.customer for r in lake_rows.transform(live_rows(["id"])).collect()} == ranked_all
+    export(spark, pg_dsn, table_name, lake_root)
+    assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import random
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from coldharbor.lake_rows import BATCH_ID, DELETED, SEQ, column, latest_per_key, live_rows, quoted, to_lake_rows
+from coldharbor.lake_rows import (BATCH_ID, DELETED, SEQ, SETTLED, column, current_rows, latest_per_key, live_rows,
+                                  mark_settled, quoted, to_lake_rows)
 from coldharbor.registry import LakeColumn
 
 LAKE_SCHEMA = "id LONG, v STRING, _ch_seq LONG, _ch_deleted BOOLEAN, _ch_changed_at TIMESTAMP, _ch_batch_id LONG"
@@ -23,7 +26,7 @@ def test_to_lake_rows_casts_to_the_lake_types_and_adds_metadata(spark):
     columns = [LakeColumn("id", "bigint", "LONG", 1), LakeColumn("amount", "numeric(10,2)", "DECIMAL(10,2)", None)]
     rows = images.transform(to_lake_rows(columns, batch_id=42, exported_at=T0))
     assert rows.columns == ["id", "amount", "_ch_seq", "_ch_deleted", "_ch_changed_at", "_ch_batch_id",
-                            "_ch_exported_at", "_ch_first_changed_at"]
+                            "_ch_exported_at", "_ch_first_changed_at", "_ch_settled"]
     assert dict(rows.dtypes)["id"] == "bigint"
     assert dict(rows.dtypes)["amount"] == "decimal(10,2)"
     row = rows.first()
@@ -117,3 +120,88 @@ def test_no_job_names_a_column_through_f_col():
                     and node.func.value.id == "F":
                 found.append(f"{path.name}:{node.lineno}")
     assert [f.split(":")[0] for f in found] == ["lake_rows.py"], found  # column() itself
+
+
+SETTLED_SCHEMA = LAKE_SCHEMA + ", _ch_settled INT"
+
+
+def test_current_rows_ranks_a_settled_row_with_the_fresh_rows_of_its_key_only(spark):
+    rows = spark.createDataFrame([
+        (1, "settled, alone", 10, False, T0, 3, 1),
+        (1, "kept older version", 4, False, T0, 2, 0),
+        (2, "settled", 11, False, T0, 3, 1),
+        (2, "exported after", 20, False, T0, 5, None),
+        (3, "settled, newer than the export (an older change exported late)", 30, False, T0, 3, 1),
+        (3, "exported after", 12, False, T0, 6, None),
+        (4, "settled", 13, False, T0, 3, 1),
+        (4, None, 21, True, T0, 5, None),     # deleted after the compaction
+        (5, "only exported", 22, False, T0, 5, None),
+        (5, "exported again", 23, False, T0, 6, None),
+        (6, None, 14, True, T0, 3, 1),     # a settled delete marker
+    ], SETTLED_SCHEMA)
+    current = rows.transform(current_rows(["id"])).select("id", "v", DELETED)
+    assertDataFrameEqual(current, spark.createDataFrame([
+        (1, "settled, alone", False), (2, "exported after", False),
+        (3, "settled, newer than the export (an older change exported late)", False), (4, None, True),
+        (5, "exported again", False), (6, None, True)], "id LONG, v STRING, _ch_deleted BOOLEAN"))
+
+
+def test_current_rows_without_the_settled_column_ranks_every_row(spark):
+    rows = spark.createDataFrame([(1, "old", 1, False, T0, 1), (1, "new", 2, False, T0, 2)], LAKE_SCHEMA)
+    assert [r["v"] for r in rows.transform(current_rows(["id"])).collect()] == ["new"]
+
+
+def _history(rng: random.Random, keys: int) -> list[tuple]:
+    """Random exports of random keys (updates, deletes, re-inserts), change sequences increasing."""
+    seq, rows = 0, []
+    for batch in range(1, 9):
+        for key in rng.sample(range(keys), rng.randint(1, keys)):
+            seq += 1
+            deleted = rng.random() < 0.25
+            rows.append((key, None if deleted else f"k{key} s{seq}", seq, deleted, T0 + timedelta(minutes=seq),
+                         batch))
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_current_rows_equals_last_write_wins_over_compacted_and_fresh_rows(spark, seed):
+    """A compaction at a random batch (settling its newest versions, keeping a random part of the
+    older ones), then exports on top: the current read ranks less and answers the same."""
+    rng = random.Random(seed)
+    history = _history(rng, 40)
+    through = rng.randint(1, 8)
+    compacted = spark.createDataFrame([r for r in history if r[5] <= through], LAKE_SCHEMA).transform(
+        mark_settled(["id"]))
+    kept = compacted.filter((column(SETTLED) == 1) | (F.rand(seed) < 0.5))
+    fresh = spark.createDataFrame([(*r, None) for r in history if r[5] > through] or
+                                  [(-1, "never read", 0, True, T0, 99, None)], SETTLED_SCHEMA)
+    lake = kept.unionByName(fresh)
+    expected = lake.transform(latest_per_key(["id"])).select("id", "v", SEQ, DELETED)
+    assertDataFrameEqual(lake.transform(current_rows(["id"])).select("id", "v", SEQ, DELETED), expected)
+    assert lake.transform(current_rows(["id"])).count() == lake.select("id").distinct().count()
+
+
+def test_mark_settled_sets_the_newest_version_of_each_key(spark):
+    rows = spark.createDataFrame([(1, "a", 1, False, T0, 1), (1, "b", 1, False, T0, 2), (1, "c", 0, False, T0, 3),
+                                  (2, None, 5, True, T0, 1)], LAKE_SCHEMA)
+    marked = {r["v"] or "marker": r[SETTLED] for r in rows.transform(mark_settled(["id"])).collect()}
+    assert marked == {"a": 0, "b": 1, "c": 0, "marker": 1}
+
+
+def test_mark_kept_drops_a_version_inside_the_window_that_ranks_below_the_base(spark):
+    """Change times are transaction starts without commit timestamps: the delete (seq 11) of a
+    transaction that began before the cutoff outranks an update (seq 10) that began after it. The
+    delete is the base, a marker, dropped; the update must go with it, or it would come back."""
+    from coldharbor.lake_rows import KEEP, mark_kept
+
+    cutoff = datetime(2026, 1, 1, 12, 30)
+    rows = spark.createDataFrame([
+        (1, "update, began after the cutoff", 10, False, datetime(2026, 1, 1, 12, 40), 2),
+        (1, None, 11, True, datetime(2026, 1, 1, 12, 20), 3),
+        (2, "base", 5, False, datetime(2026, 1, 1, 12, 0), 1),
+        (2, "inside the window", 12, False, datetime(2026, 1, 1, 12, 45), 3),
+        (3, "older", 1, False, datetime(2026, 1, 1, 11, 0), 1),
+        (3, "base", 2, False, datetime(2026, 1, 1, 12, 0), 2),
+    ], LAKE_SCHEMA)
+    kept = {(r["id"], r["v"]) for r in rows.transform(mark_kept(["id"], cutoff)).filter(column(KEEP)).collect()}
+    assert kept == {(2, "base"), (2, "inside the window"), (3, "base")}

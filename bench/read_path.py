@@ -2,6 +2,7 @@
 anti-join over the lake shapes users have.
 
     python -m bench.read_path [--rows 10000000] [--dirty-fraction 0.01] [--repeats 5] [--exports 1440]
+    python -m bench.read_path --settings     each candidate Spark setting against the defaults
 
 `rows` keys in the lake, `dirty-fraction` of them dirty in PostgreSQL (updated, deleted and new
 keys). Three lake shapes of the same table:
@@ -139,7 +140,8 @@ def spark_cold_only(spark, dsn, lake_root, sql) -> list:
         columns = registry.lake_columns(conn, checked.tables[0])
     [table] = checked.tables
     path = table.lake_path(lake_root)
-    view = lake.read_version(spark, path, lake.pin_version(spark, path)).transform(cold_live(columns))
+    version = lake.pin_version(spark, path)
+    view = lake.read_version(spark, path, version).transform(cold_live(columns, split=lake.settled_split(path, version)))
     view.createOrReplaceTempView(sql_guard.view_name(table))
     return serve.run_query(spark, checked, {}).collect()
 
@@ -253,6 +255,56 @@ def run(spark: SparkSession, rows: int, dirty_fraction: float, repeats: int, exp
     return results
 
 
+# Session settings the serve path could run with: each is measured against the defaults on the
+# base + exports shape (`--settings`), and kept in spark.SESSION_CONF only when it helps.
+CANDIDATE_SETTINGS = {
+    "no partial window group limit": {"spark.sql.optimizer.windowGroupLimitThreshold": "-1"},
+    "broadcast joins up to 64 MB": {"spark.sql.autoBroadcastJoinThreshold": str(64 * 1024 * 1024),
+                                    "spark.sql.adaptive.autoBroadcastJoinThreshold": str(64 * 1024 * 1024)},
+    "reader batches of 16,384 rows": {"spark.sql.parquet.columnarReaderBatchSize": "16384"},
+    "splits of 32 MB": {"spark.sql.files.maxPartitionBytes": str(32 * 1024 * 1024)},
+    "8 shuffle partitions": {"spark.sql.shuffle.partitions": "8"},
+}
+
+
+def run_settings(spark: SparkSession, rows: int, dirty_fraction: float, repeats: int, exports: int) -> list[Row]:
+    """The unified reports on the base + exports shape under each candidate setting, interleaved
+    with the defaults: median seconds and the ratio to the defaults (below 1: faster)."""
+    from coldharbor.spark import temporary_conf
+
+    results: list[Row] = []
+    with temporary_postgres() as dsn, tempfile.TemporaryDirectory(prefix="coldharbor-lake-") as folder:
+        build_hot_tier(dsn, rows, int(rows * dirty_fraction))
+        with pg.connect(dsn) as conn:
+            [registered] = registry.load(conn, TABLE)
+            conn.execute("UPDATE coldharbor.tables SET load_state = 'loaded', last_batch_id = %s WHERE table_id = %s",
+                         (exports + 1, registered.table_id))
+        path = f"{folder}/public/{TABLE}"
+        build_lake(spark, path, rows, lake.export_app_id(registered.table_id))
+        add_exports(path, rows, exports)
+        variants = {"defaults": {}, **CANDIDATE_SETTINGS}
+        for name, sql in REPORTS.items():
+            expected = _normal(spark_unified(spark, dsn, folder, sql))
+            times: dict[str, list[float]] = {variant: [] for variant in variants}
+            for i in range(repeats + 1):
+                order = list(variants) if i % 2 == 0 else list(reversed(variants))
+                for variant in order:
+                    with temporary_conf(spark, variants[variant]):
+                        answer: list = []
+                        took = timed(lambda: answer.extend(spark_unified(spark, dsn, folder, sql)))
+                    if _normal(answer) != expected:
+                        raise AssertionError(f"{name} under {variant}: a different answer")
+                    if i:  # the first round warms up
+                        times[variant].append(took)
+            base = median(times["defaults"])
+            for variant in variants:
+                value = median(times[variant])
+                results.append(Row("read settings", f"{name}, base + {exports:,} exports: {variant}", value, "s", "", None))
+                if variant != "defaults":
+                    results.append(Row("read settings", f"{name}: {variant} / defaults", value / base, "x", "", None))
+    return results
+
+
 def main(argv: list[str]) -> int:
     from bench.engine import connect_server
     from coldharbor.spark import connect_session
@@ -262,11 +314,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dirty-fraction", type=float, default=0.01)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--exports", type=int, default=1440, help="minute-sized exports on the base (default: a day)")
+    parser.add_argument("--settings", action="store_true",
+                        help="instead: the unified reports on base + exports under each candidate Spark setting")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="coldharbor-bench-engine-") as folder, \
             connect_server(Path(folder) / "server.log") as (url, _):
         spark = connect_session(url, "coldharbor-bench-read-path")
-        print(render(run(spark, args.rows, args.dirty_fraction, args.repeats, args.exports)))
+        figures = run_settings if args.settings else run
+        print(render(figures(spark, args.rows, args.dirty_fraction, args.repeats, args.exports)))
     return 0
 
 

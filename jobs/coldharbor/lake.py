@@ -16,7 +16,7 @@ from pyspark.sql.types import StructType
 from coldharbor import lake_store
 from coldharbor import spark as spark_sessions
 from coldharbor.errors import ColdharborError, ConfigError, LakeUnavailableError
-from coldharbor.lake_rows import BATCH_ID, CHANGED_AT, METADATA_COLUMNS, SEQ, SETTLED, column, quoted
+from coldharbor.lake_rows import BATCH_ID, CHANGED_AT, METADATA_COLUMNS, SEQ, SETTLED, SettledSplit, column, quoted
 
 log = logging.getLogger(__name__)
 
@@ -415,6 +415,14 @@ def commit_time(spark: SparkSession, path: str, version: int) -> datetime:
     if row is None:
         raise LakeUnavailableError(f"version {version} of {path} is not in its Delta history")
     return datetime.fromtimestamp(row["epoch"], timezone.utc)
+
+
+def settled_split(path: str, version: int) -> SettledSplit | None:
+    """How the rows of `version` divide between files with unsettled rows and files of settled rows
+    only (`lake_rows.current_rows` plans by it); None when the Delta log has no statistics of it."""
+    with reaching("reading the file statistics of", path):
+        split = lake_store.settled_split(path, version, SETTLED)
+    return None if split is None else SettledSplit(*split)
 
 
 def read_version(spark: SparkSession, path: str, version: int) -> DataFrame:

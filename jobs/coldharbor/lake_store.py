@@ -91,6 +91,28 @@ def table_property(path: str, name: str) -> str | None:
         return None if table is None else table.metadata().configuration.get(name)
 
 
+def settled_split(path: str, version: int, column: str) -> tuple[int, int] | None:
+    """(rows in the files of `version` that hold a NULL `column` or lack its statistics, rows in
+    the files that hold none), from the Delta log's file statistics; None when no file has them."""
+    with failing_as("reading the Delta log of", path):
+        import pyarrow as pa
+        from deltalake import DeltaTable
+
+        actions = pa.table(DeltaTable(path, version=version).get_add_actions(flatten=True))
+        nulls = f"null_count.{column}"
+        if nulls not in actions.column_names or "num_records" not in actions.column_names:
+            return None
+        unsettled = settled = 0
+        for records, null_count in zip(actions.column("num_records").to_pylist(), actions.column(nulls).to_pylist()):
+            if records is None:
+                return None
+            if null_count == 0:
+                settled += records
+            else:
+                unsettled += records
+        return unsettled, settled
+
+
 def live_files(path: str) -> tuple[int, list[dict]] | None:
     """(version, one dict per live file: path as the log has it, partition as text, size_bytes,
     num_records, max_batch_id from the file's statistics), or None when there is no table."""

@@ -111,8 +111,10 @@ def table_view(spark: SparkSession, hot: HotTable, version: int | None, lake_roo
     if version is None:  # nothing exported yet: the table is its hot images
         return images.filter(~column(DELETED)).transform(table_contract(columns))
     # Pending with evicted rows, every row PostgreSQL holds is dirty: too many to broadcast.
-    return lake.read_version(spark, hot.table.lake_path(lake_root), version).transform(
-        unified_rows(images, columns, broadcast_dirty=not hot.reads_evicted_rows))
+    path = hot.table.lake_path(lake_root)
+    return lake.read_version(spark, path, version).transform(
+        unified_rows(images, columns, broadcast_dirty=not hot.reads_evicted_rows,
+                     split=lake.settled_split(path, version)))
 
 
 def register_views(spark: SparkSession, snapshot: HotSnapshot, pinned: Mapping[int, int | None],
@@ -212,7 +214,7 @@ def serve_lake_only(spark: SparkSession, tables: Sequence[RegisteredTable], colu
         if config.as_of is not None:
             view = lake_as_of(rows, columns[table.table_id], config.as_of, table.qualified_name)
         else:
-            view = rows.transform(cold_live(columns[table.table_id]))
+            view = rows.transform(cold_live(columns[table.table_id], split=lake.settled_split(path, version)))
         view.createOrReplaceTempView(sql_guard.view_name(table))
     record.lake_versions = {t.qualified_name: pinned[t.table_id] for t in checked.tables}
     record.degraded, record.missing_tier, record.stale_since = True, "postgres", last_commit

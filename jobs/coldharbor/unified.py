@@ -16,7 +16,7 @@ from datetime import datetime
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from coldharbor.lake_rows import CHANGED_AT, DELETED, Transform, column, latest_per_key, live_rows
+from coldharbor.lake_rows import CHANGED_AT, DELETED, SettledSplit, Transform, column, latest_per_key, live_rows
 from coldharbor.registry import LakeColumn
 
 
@@ -35,16 +35,17 @@ def table_contract(columns: Sequence[LakeColumn]) -> Transform:
     return transform
 
 
-def cold_live(columns: Sequence[LakeColumn], as_of: datetime | None = None) -> Transform:
+def cold_live(columns: Sequence[LakeColumn], as_of: datetime | None = None,
+              split: SettledSplit | None = None) -> Transform:
     """Lake rows -> the table as the lake holds it (optionally as of a change time).
 
     Now, only the keys that can have several candidates are ranked (`current_rows`); as of a time,
     every version up to it is (a settled row may be newer than the time, the version before it
-    kept unsettled)."""
+    kept unsettled). `split`: the lake version's (`lake.settled_split`), for the current read's plan."""
     keys = [c.name for c in sorted((c for c in columns if c.is_key), key=lambda c: c.key_position)]
     contract = table_contract(columns)
     if as_of is None:
-        live = live_rows(keys)
+        live = live_rows(keys, split)
         return lambda lake: contract(live(lake))
     latest = latest_per_key(keys)
 
@@ -55,7 +56,8 @@ def cold_live(columns: Sequence[LakeColumn], as_of: datetime | None = None) -> T
     return transform
 
 
-def unified_rows(hot: DataFrame, columns: Sequence[LakeColumn], broadcast_dirty: bool = True) -> Transform:
+def unified_rows(hot: DataFrame, columns: Sequence[LakeColumn], broadcast_dirty: bool = True,
+                 split: SettledSplit | None = None) -> Transform:
     """lake rows -> their live rows minus the dirty keys, plus the hot images that still exist.
 
     The dirty keys leave before last-write-wins: a key's versions go together, so the result is
@@ -63,7 +65,7 @@ def unified_rows(hot: DataFrame, columns: Sequence[LakeColumn], broadcast_dirty:
     """
     keys = [c.name for c in columns if c.is_key]
     contract = table_contract(columns)
-    live = cold_live(columns)
+    live = cold_live(columns, split=split)
     dirty_keys = hot.select(*map(column, keys))
     if broadcast_dirty:
         dirty_keys = F.broadcast(dirty_keys)

@@ -288,7 +288,7 @@ def test_current_reads_rank_only_the_keys_exported_since_the_compaction(spark, p
     """A table registered with rows (a settled base), exports, a compaction that keeps older
     versions for as-of reads, then exports of the same keys again: the current read (which ranks
     only the keys with rows exported since) matches PostgreSQL and the ranking of every row."""
-    from coldharbor.lake_rows import NEWEST, OLDER, SETTLED, latest_per_key
+    from coldharbor.lake_rows import NEWEST, OLDER, SETTLED, latest_per_key, live_rows
 
     pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
     pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 'base ' || g FROM generate_series(1, 8) g")
@@ -319,6 +319,12 @@ def test_current_reads_rank_only_the_keys_exported_since_the_compaction(spark, p
         export(spark, pg_dsn, table_name, lake_root)
     expected = pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
     assert lake_live(spark, lake_root, table_name, ["id"]) == expected
+    rows = lake_table(spark, lake_root, table_name)
+    split = lake.settled_split(path, lake.pin_version(spark, path))  # from the Delta log's statistics
+    assert (split.unsettled_rows, split.settled_rows) == (rows.filter("_ch_settled IS NULL").count(),
+                                                          rows.filter("_ch_settled IS NOT NULL").count())
+    planned = rows.transform(live_rows(["id"], split)).collect()
+    assert {(r.id,): {"id": r.id, "v": r.v} for r in planned} == expected
     every_row = (lake_table(spark, lake_root, table_name).transform(latest_per_key(["id"]))
                  .filter("NOT _ch_deleted").select("id", "v").collect())
     assert {(r.id,): {"id": r.id, "v": r.v} for r in every_row} == expected

@@ -10,8 +10,8 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from coldharbor.lake_rows import (BATCH_ID, DELETED, SEQ, SETTLED, column, current_rows, latest_per_key, live_rows,
-                                  mark_settled, quoted, to_lake_rows)
+from coldharbor.lake_rows import (BATCH_ID, DELETED, SEQ, SETTLED, SettledSplit, column, current_rows, latest_per_key,
+                                  live_rows, mark_settled, quoted, to_lake_rows)
 from coldharbor.registry import LakeColumn
 
 LAKE_SCHEMA = "id LONG, v STRING, _ch_seq LONG, _ch_deleted BOOLEAN, _ch_changed_at TIMESTAMP, _ch_batch_id LONG"
@@ -177,8 +177,20 @@ def test_current_rows_equals_last_write_wins_over_compacted_and_fresh_rows(spark
                                   [(-1, "never read", 0, True, T0, 99, None)], SETTLED_SCHEMA)
     lake = kept.unionByName(fresh)
     expected = lake.transform(latest_per_key(["id"])).select("id", "v", SEQ, DELETED)
-    assertDataFrameEqual(lake.transform(current_rows(["id"])).select("id", "v", SEQ, DELETED), expected)
+    unsettled = lake.filter(column(SETTLED).isNull()).count()
+    for split in (None, SettledSplit(unsettled, lake.count() - unsettled)):  # planned without and with the log's figures
+        assertDataFrameEqual(lake.transform(current_rows(["id"], split)).select("id", "v", SEQ, DELETED), expected)
     assert lake.transform(current_rows(["id"])).count() == lake.select("id").distinct().count()
+
+
+def test_current_rows_plans_by_the_split_and_answers_the_same(spark):
+    settled_only = spark.createDataFrame([(1, "a", 1, False, T0, 1, 1), (1, "older", 0, False, T0, 1, 0),
+                                          (2, None, 2, True, T0, 1, 1)], SETTLED_SCHEMA)
+    assert sorted((r.id, r.v) for r in settled_only.transform(current_rows(["id"], SettledSplit(0, 3))).collect()) \
+        == [(1, "a"), (2, None)]
+    exported_only = spark.createDataFrame([(1, "a", 1, False, T0, 1, None), (1, "b", 2, False, T0, 2, None)],
+                                          SETTLED_SCHEMA)
+    assert [r.v for r in exported_only.transform(current_rows(["id"], SettledSplit(2, 0))).collect()] == ["b"]
 
 
 def test_mark_settled_sets_the_newest_version_of_each_key(spark):

@@ -134,12 +134,21 @@ def current_rows(key_columns: Sequence[str], split: SettledSplit | None = None) 
     def transform(rows: DataFrame) -> DataFrame:
         if SETTLED not in rows.columns or (split is not None and split.settled_rows == 0):
             return latest(rows)
-        settled = rows.filter(column(SETTLED) == NEWEST)
+        # IS NOT NULL first: Delta skips a file by it when the file's null count is its row count (an
+        # export's file), which it does not for `= 1` over a column with no minimum or maximum.
+        settled = rows.filter(column(SETTLED).isNotNull() & (column(SETTLED) == NEWEST))
         if split is not None and split.unsettled_rows == 0:
             return settled
         fresh = rows.filter(column(SETTLED).isNull())
+        few = split is not None and split.unsettled_rows <= BROADCAST_UNSETTLED_ROWS
+        if few:
+            # Read once: the plan uses them three times (their keys against the settled rows twice,
+            # the rows themselves ranked), and they are many small files (a day of exports: 1,440).
+            from coldharbor.spark import local_checkpoint
+
+            fresh = local_checkpoint(fresh, eager=True)
         fresh_keys = fresh.select(*[column(k) for k in key_columns])
-        if split is not None and split.unsettled_rows <= BROADCAST_UNSETTLED_ROWS:
+        if few:
             fresh_keys = F.broadcast(fresh_keys)
         lone = settled.join(fresh_keys, on=list(key_columns), how="left_anti")
         contested = fresh.unionByName(settled.join(fresh_keys, on=list(key_columns), how="left_semi"))

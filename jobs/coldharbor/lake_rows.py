@@ -17,7 +17,7 @@ A lake row is the table's columns plus metadata:
                    export (or before this column). A current read ranks only the keys that hold a
                    NULL row (`current_rows`); as-of reads, compaction and purge rank every version.
                    An integer, not a boolean: Delta keeps no file statistics of booleans, and the
-                   current read skips files by this column's
+                   current read skips files by this column's statistics
 
 A column is named to Spark through `column` (or `quoted` in SQL text), never by a bare string:
 Spark parses a name it is given as a string (`F.col`, `select`, `groupBy`, `Window.partitionBy`,
@@ -107,10 +107,10 @@ class SettledSplit:
     settled_rows: int
 
 
-# Up to this many unsettled rows, their keys are broadcast to the anti- and semi-join with the
-# settled rows: the settled side (the whole compacted table) is then never shuffled. Spark's own
-# estimate of the unsettled side is the size of every file of the table, so it would shuffle both
-# (base + 1,440 exports at 10M rows, bench.read_path: the grouped report 7.4 s with the shuffle).
+# Up to this many unsettled rows, they are read once and their keys broadcast to the anti- and
+# semi-join with the settled rows: the settled side (the whole compacted table) is never shuffled.
+# Spark's own estimate of the unsettled side is the size of every file the table has, so it plans
+# a sort-merge join that shuffles both sides.
 BROADCAST_UNSETTLED_ROWS = 1_000_000
 
 

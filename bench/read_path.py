@@ -27,7 +27,8 @@ import argparse
 import random
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -209,7 +210,12 @@ def build_shapes(spark: SparkSession, dsn: str, folder: str, rows: int, exports:
     return roots
 
 
-def run(spark: SparkSession, rows: int, dirty_fraction: float, repeats: int, exports: int) -> list[Row]:
+def run(rows: int = 10_000_000, dirty_fraction: float = 0.01, repeats: int = 5, exports: int = 1440,
+        spark: SparkSession | None = None) -> list[Row]:
+    """Every shape's figures (`bench.run_all` calls it as is: on a Connect server of its own)."""
+    if spark is None:
+        with on_warm_engine() as engine_session:
+            return run(rows, dirty_fraction, repeats, exports, engine_session)
     results: list[Row] = []
     dirty = int(rows * dirty_fraction)
     medians: dict[tuple[str, str], float] = {}
@@ -267,7 +273,7 @@ CANDIDATE_SETTINGS = {
 }
 
 
-def run_settings(spark: SparkSession, rows: int, dirty_fraction: float, repeats: int, exports: int) -> list[Row]:
+def run_settings(rows: int, dirty_fraction: float, repeats: int, exports: int, spark: SparkSession) -> list[Row]:
     """The unified reports on the base + exports shape under each candidate setting, interleaved
     with the defaults: median seconds and the ratio to the defaults (below 1: faster)."""
     from coldharbor.spark import temporary_conf
@@ -305,10 +311,18 @@ def run_settings(spark: SparkSession, rows: int, dirty_fraction: float, repeats:
     return results
 
 
-def main(argv: list[str]) -> int:
+@contextmanager
+def on_warm_engine() -> Iterator[SparkSession]:
+    """A session on a Spark Connect server as `make run` starts one (local[2], loopback)."""
     from bench.engine import connect_server
     from coldharbor.spark import connect_session
 
+    with tempfile.TemporaryDirectory(prefix="coldharbor-bench-engine-") as folder, \
+            connect_server(Path(folder) / "server.log") as (url, _):
+        yield connect_session(url, "coldharbor-bench-read-path")
+
+
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--dirty-fraction", type=float, default=0.01)
@@ -317,11 +331,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--settings", action="store_true",
                         help="instead: the unified reports on base + exports under each candidate Spark setting")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="coldharbor-bench-engine-") as folder, \
-            connect_server(Path(folder) / "server.log") as (url, _):
-        spark = connect_session(url, "coldharbor-bench-read-path")
+    with on_warm_engine() as spark:
         figures = run_settings if args.settings else run
-        print(render(figures(spark, args.rows, args.dirty_fraction, args.repeats, args.exports)))
+        print(render(figures(args.rows, args.dirty_fraction, args.repeats, args.exports, spark=spark)))
     return 0
 
 

@@ -109,8 +109,8 @@ class SettledSplit:
 
 # Up to this many unsettled rows, they are read once and their keys broadcast to the anti- and
 # semi-join with the settled rows: the settled side (the whole compacted table) is never shuffled.
-# Spark's own estimate of the unsettled side is the size of every file the table has, so it plans
-# a sort-merge join that shuffles both sides.
+# Without statistics of its own, Spark sizes a filtered scan as the whole scan (every file of the
+# table), far above its broadcast threshold, so it would not broadcast them by itself.
 BROADCAST_UNSETTLED_ROWS = 1_000_000
 
 

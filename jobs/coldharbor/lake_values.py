@@ -5,6 +5,9 @@ dates and timestamps run from 0001-01-01 to 9999-12-31 in the proleptic Gregoria
 PostgreSQL's reach 294276 AD, BC and +-infinity; Spark's decimals have no NaN, which PostgreSQL's
 numeric has. And the JDBC reader of the load, the export and verify moves a date in 1582-10-05..14
 (days its Julian/Gregorian calendar lacks) ten days on; psycopg, which reports read with, does not.
+A partition column's value is a Delta partition value, and Spark writes an empty string there as
+NULL (a key '' would come back as NULL, and a report would keep the stale lake row beside the dirty
+one): a text partition value must hold at least one byte.
 
 The checks are SQL, judged in PostgreSQL where the value is still exact, before any reader converts
 it. Values pass by the range known to be held, never by a list of what is not. A row whose value
@@ -52,7 +55,14 @@ def held(column: LakeColumn, value: sql.Composable, through_jdbc: bool) -> sql.C
         return sql.SQL("({})").format(check)
     if column.lake_type.startswith("DECIMAL("):
         return sql.SQL("({} BETWEEN {} AND {})").format(value, sql.SQL(DECIMAL_RANGE[0]), sql.SQL(DECIMAL_RANGE[1]))
+    if column.partition and column.lake_type == "STRING" and not _blank_padded(column.pg_type):
+        return sql.SQL("(octet_length(({})::text) > 0)").format(value)
     return None
+
+
+def _blank_padded(pg_type: str) -> bool:
+    """character(n): never empty (an empty value is n spaces, which the lake holds as such)."""
+    return pg_type == "bpchar" or pg_type.startswith(("character(", "char("))
 
 
 def has_limits(columns: Sequence[LakeColumn], through_jdbc: bool) -> bool:
@@ -92,7 +102,8 @@ def refusal(table: str, problem: str, outcome: str, through_jdbc: bool = True) -
     return UnrepresentableValueError(
         f"{table}: column {column} holds {value!r} (row {key}), which the lake cannot hold exactly: dates and "
         f"timestamps must lie from {DATE_RANGE[0]} to 9999-12-31 (no infinity, no BC){gap}, numbers must be "
-        f"finite (no NaN); {outcome}")
+        f"finite (no NaN), and a partition column's text must not be empty (Spark writes an empty partition "
+        f"value as NULL); {outcome}")
 
 
 def refuse_in_table(conn: psycopg.Connection, table: RegisteredTable, columns: Sequence[LakeColumn],

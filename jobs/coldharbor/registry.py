@@ -28,6 +28,7 @@ class LakeColumn:
     pg_type: str
     lake_type: str
     key_position: int | None
+    partition: bool = False  # a partition column of the lake table (a key column too)
 
     @property
     def is_key(self) -> bool:
@@ -271,10 +272,11 @@ def lake_columns(conn: psycopg.Connection, table: RegisteredTable) -> list[LakeC
         raise MissingTableError(missing_message([table.qualified_name])) from None
     except (psycopg.errors.FeatureNotSupported, psycopg.errors.InvalidName) as exc:
         raise ConfigError(f"{table.qualified_name}: {exc.diag.message_primary}") from exc
-    columns = [LakeColumn(*row) for row in rows]
+    columns = [LakeColumn(*row, partition=row[0] in table.partition_by) for row in rows]
     if table.source_kind == "entity":
         # An entity view has no primary key in the catalog; its records are keyed by row_id.
-        columns = [LakeColumn(c.name, c.pg_type, c.lake_type, 1 if c.name == "row_id" else None) for c in columns]
+        columns = [LakeColumn(c.name, c.pg_type, c.lake_type, 1 if c.name == "row_id" else None, c.partition)
+                   for c in columns]
     keys = tuple(c.name for c in sorted((c for c in columns if c.is_key), key=lambda c: c.key_position))
     if keys != table.key_columns:
         raise ConfigError(f"{table.qualified_name}: its primary key is now ({', '.join(keys)}) "

@@ -56,16 +56,27 @@ CASES = {
     "nan-numeric-key": ("keyed", "INSERT INTO {t} VALUES ('south', '2020-01-01', 'NaN', 'new')",
                         "code", "NaN", "region=south, day=2020-01-01, code=NaN",
                         "DELETE FROM {t} WHERE code = 'NaN'"),
+    # Spark writes an empty partition value as NULL: the key would come back as (NULL, ...).
+    "empty-partition-key": ("partitioned", "INSERT INTO {t} VALUES ('', '2020-01-01', 1, 'new')",
+                            "region", "", "region=, day=2020-01-01, code=1.00",
+                            "UPDATE {t} SET region = ' ' WHERE region = ''"),
+    "empty-partition-key-update": ("partitioned", "UPDATE {t} SET region = '' WHERE v = 'v5'",
+                                   "region", "", "region=, day=2020-01-06, code=1.25",
+                                   "DELETE FROM {t} WHERE region = ''"),
 }
-KEYS = {"plain": ["id"], "keyed": ["region", "day", "code"]}
+KEYS = {"plain": ["id"], "keyed": ["region", "day", "code"], "partitioned": ["region", "day", "code"]}
 
 
 def new_table(conn, kind: str) -> str:
-    """A table of the kind holding rows at its registration."""
+    """A table of the kind holding rows at its registration (partitioned: keyed, partitioned by region
+    in the lake)."""
     name = f"t_{uuid.uuid4().hex[:10]}"
     conn.execute(f"CREATE TABLE {name} ({PLAIN if kind == 'plain' else KEYED})")
     conn.execute((PLAIN_ROWS if kind == "plain" else KEYED_ROWS).format(t=name))
-    conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+    if kind == "partitioned":
+        conn.execute("SELECT coldharbor.register_table(%s, p_partition_by => %s)", (name, ["region"]))
+    else:
+        conn.execute("SELECT coldharbor.register_table(%s)", (name,))
     return name
 
 
@@ -126,7 +137,7 @@ def test_the_export_job_refuses_such_a_value_in_one_line_and_exit_2(spark, pg_ds
 
 
 @pytest.mark.parametrize("case", ["nan-numeric", "infinity-timestamp", "bc-date", "year-10000-in-utc",
-                                  "infinity-date-key"])
+                                  "infinity-date-key", "empty-partition-key"])
 def test_a_report_over_such_a_dirty_value_is_refused_in_one_line(spark, pg_dsn, pg_conn, lake_root, monkeypatch,
                                                                   caplog, case):
     kind, change, column, value, key, _ = CASES[case]
@@ -173,6 +184,27 @@ def test_a_report_over_a_table_whose_load_is_refused_is_refused_too(spark, pg_ds
     assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT count(*) AS n FROM {name}",
                         "--target", f"adhoc_{name}", "--run-id", run_id) == 2
     assert refusal_of(name, "ts", "-infinity", "id=3") in report_run(pg_conn, run_id)["error"]
+
+
+def test_a_partitioned_table_registered_with_an_empty_partition_value_is_loaded_once_it_is_changed(
+        spark, pg_dsn, pg_conn, lake_root):
+    """An empty text partition value: the initial load is refused in one line (nothing written), a
+    character(n) partition value of spaces is held as it is, and once the value is changed the load
+    lands and reads back exactly."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    pg_conn.execute(f"CREATE TABLE {name} (region varchar(10), shelf character(3), id int, v text, "
+                    "PRIMARY KEY (region, shelf, id))")
+    pg_conn.execute(f"INSERT INTO {name} VALUES ('north', '', 1, 'a'), ('', 'b', 2, 'b'), ('o''brien', 'c', 3, 'c')")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_partition_by => %s)", (name, ["region", "shelf"]))
+    with pytest.raises(UnrepresentableValueError, match="nothing of the table was written") as refused:
+        export(spark, pg_dsn, name, lake_root)
+    assert str(refused.value).startswith(refusal_of(name, "region", "", "region=, shelf=b, id=2"))
+    assert "partition column's text must not be empty" in str(refused.value)
+    assert lake.pin_version(spark, f"{lake_root}/public/{name}") is None
+    pg_conn.execute(f"UPDATE {name} SET region = 'south' WHERE id = 2")
+    assert export(spark, pg_dsn, name, lake_root).status in {"loaded", "exported"}  # the load, then the change
+    keys = ["region", "shelf", "id"]
+    assert lake_live(spark, lake_root, name, keys) == pg_rows(pg_conn, f"SELECT * FROM {name}", keys)
 
 
 def test_verify_names_a_date_the_lake_holds_ten_days_on(spark, pg_dsn, pg_conn, lake_root, monkeypatch, caplog):

@@ -2,7 +2,9 @@
 
 Compaction runs hourly, and also as soon as exports have updated the lake asset; either way it
 compacts only the tables with enough exports since their last compaction (the job then checks
-the actual small files). Cleanup (eviction, VACUUM, change-log pruning, run expiry) runs daily,
+the actual small files), in the job's `auto` mode: the small files of the exports are merged (no
+row changes) and a table is rewritten with last-write-wins once a day, or sooner when its exported
+rows pass a tenth of the table. Cleanup (eviction, VACUUM, change-log pruning, run expiry) runs daily,
 then verifies each table whose last verify is older than COLDHARBOR_VERIFY_EVERY_DAYS (default 7)
 against PostgreSQL; a table out of sync fails its mapped verify task.
 """
@@ -39,7 +41,8 @@ def coldharbor_compaction():
     def tables_to_compact() -> list[list[str]]:
         from coldharbor_airflow.hooks import ColdharborHook
 
-        return [["--table", name] for name in ColdharborHook().tables_needing_compaction(MIN_NEW_EXPORTS)]
+        return [["--table", name, "--mode", "auto"]
+                for name in ColdharborHook().tables_needing_compaction(MIN_NEW_EXPORTS)]
 
     ColdharborSparkJobOperator.partial(
         task_id="compact", job="compact.py", pool=SPARK_POOL, map_index_template="{{ task.job_args[1] }}",

@@ -15,6 +15,18 @@ Per table (under its compaction lock) and per partition:
      N the largest batch id in V. An export that commits meanwhile adds a higher batch id, so its
      rows are neither read nor replaced; Delta's conflict checks catch the rest, and a conflict
      is retried (bounded) from a fresh plan.
+
+A merge (`--mode merge`) is the cheap kind, in the way of Delta's OPTIMIZE bin-packing: the small
+files exports wrote (every row unsettled, by their statistics) become ceil(bytes / target) files
+holding exactly the same rows, in one commit:
+`replaceWhere <partition> AND _ch_settled IS NULL AND _ch_batch_id <= N` (Delta refuses
+`dataChange=false` with a replaceWhere on data columns, so the commit counts as a data change). No
+version is dropped and no row changes, so every read (current, as-of, verify) answers as before; a
+report then opens a few files instead of one per export. OPTIMIZE itself cannot be told which
+files to take: it bin-packs every file under a size, the settled base's too, and a base file
+merged with export files would be ranked by every current read. `--mode auto` (the compaction DAG's) merges a partition whose
+exported rows are a small share of it (`full_rewrite_fraction`) while a full rewrite of the table
+ran within `full_every`, and rewrites it fully otherwise.
 """
 
 from __future__ import annotations
@@ -43,7 +55,9 @@ from coldharbor.registry import RegisteredTable
 log = logging.getLogger(__name__)
 
 OPERATION = "coldharbor-compaction"
+MERGE_OPERATION = "coldharbor-merge-small-files"
 EXIT_GAVE_UP = 3  # concurrent commits won every attempt
+MODES = ("full", "merge", "auto")
 
 
 @dataclass(frozen=True)
@@ -57,8 +71,17 @@ class CompactionConfig:
     history_window: timedelta = timedelta(hours=settings.DEFAULT_HISTORY_WINDOW_HOURS)
     max_attempts: int = 4
     retry_backoff_s: float = 1.0
+    mode: str = "full"                  # full | merge | auto (module docstring)
+    full_rewrite_fraction: float = 0.1  # auto: a full rewrite once exported rows pass this share
+    full_every: timedelta = timedelta(hours=24)  # auto: and at least this often per table
 
     def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"compaction mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not 0 < self.full_rewrite_fraction <= 1:
+            raise ConfigError(f"full rewrite fraction must be in (0, 1], got {self.full_rewrite_fraction}")
+        if self.full_every <= timedelta(0):
+            raise ConfigError(f"full rewrites must be due after a positive time, got {self.full_every}")
         if self.target_file_bytes < 1024 * 1024:
             raise ConfigError(f"target file size must be at least 1 MB, got {self.target_file_bytes} bytes")
         if self.min_small_files < 2:
@@ -77,7 +100,7 @@ class CompactionConfig:
 @dataclass
 class PartitionResult:
     partition: dict[str, str | None]
-    status: str                 # compacted | below_threshold | gave_up
+    status: str                 # compacted | merged | below_threshold | gave_up
     files_before: int = 0
     bytes_before: int = 0
     files_after: int = 0
@@ -94,7 +117,7 @@ class PartitionResult:
 @dataclass
 class TableResult:
     table: str
-    status: str                 # compacted | nothing_to_do | no_lake_table | skipped | gave_up | failed
+    status: str                 # compacted | merged | nothing_to_do | no_lake_table | skipped | gave_up | failed
     partitions: list[PartitionResult] = field(default_factory=list)
     error: str | None = None    # why a table of a run over every table was left out
 
@@ -108,6 +131,35 @@ def partitions_of(snap: LakeSnapshot) -> dict[tuple, list[LakeFile]]:
 
 def needs_rewrite(files: Sequence[LakeFile], config: CompactionConfig) -> bool:
     return sum(1 for f in files if f.size < config.small_file_bytes) >= config.min_small_files
+
+
+def small_export_files(files: Sequence[LakeFile], config: CompactionConfig) -> list[LakeFile]:
+    """The small files whose rows are all unsettled (exports' own, or an earlier merge of them)."""
+    return [f for f in files if f.only_unsettled and f.size < config.small_file_bytes]
+
+
+def plan_partition(files: Sequence[LakeFile], config: CompactionConfig, full_due: bool) -> str | None:
+    """What a partition gets: "full" (the last-write-wins rewrite), "merge" (its small export files
+    merged, no row changed) or None (nothing worth doing).
+
+    A merge needs every file's statistics of `_ch_settled` (else a file's unsettled rows are not
+    known). `auto` rewrites fully when that is due for the table, when the statistics are missing,
+    when the partition holds no settled row yet, or when its unsettled rows pass
+    `full_rewrite_fraction` of its rows (each of them is ranked by every current read)."""
+    full = "full" if needs_rewrite(files, config) else None
+    known = bool(files) and all(f.records is not None and f.unsettled_rows is not None for f in files)
+    merge = "merge" if known and len(small_export_files(files, config)) >= config.min_small_files else None
+    if config.mode == "full":
+        return full
+    if config.mode == "merge":
+        return merge
+    if not known or full_due:
+        return full
+    rows = sum(f.records for f in files)
+    unsettled = sum(f.unsettled_rows for f in files)
+    if unsettled == rows or unsettled > config.full_rewrite_fraction * rows:
+        return full or merge
+    return merge
 
 
 def output_file_count(total_bytes: int, config: CompactionConfig) -> int:
@@ -157,25 +209,33 @@ def _compact(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTab
     if snap is None:
         log.info("%s: no lake table yet at %s; nothing to compact", table.qualified_name, path)
         return TableResult(table.qualified_name, "no_lake_table")
-    todo = [p for p, files in partitions_of(snap).items() if needs_rewrite(files, config)]
+    full_due = config.mode == "auto" and maintenance_runs.full_compaction_due(conn, table.table_id, config.full_every)
+    todo = [(p, kind) for p, files in partitions_of(snap).items()
+            if (kind := plan_partition(files, config, full_due)) is not None]
     if not todo:
-        log.info("%s: %s files in %s partition(s) at version %s, none with %s small files; nothing to compact",
+        log.info("%s: %s files in %s partition(s) at version %s, none with %s small files%s; nothing to compact",
                  table.qualified_name, len(snap.files), len(partitions_of(snap)), snap.version,
-                 config.min_small_files)
+                 config.min_small_files, "" if config.mode == "full" else " to rewrite or merge")
         return TableResult(table.qualified_name, "nothing_to_do")
-    results = [_rewrite_with_retries(spark, conn, table, path, partition, config, hook, snap) for partition in todo]
-    status = "gave_up" if any(r.status == "gave_up" for r in results) else "compacted"
+    results = [_rewrite_with_retries(spark, conn, table, path, partition, config, hook, snap, kind)
+               for partition, kind in todo]
+    if any(r.status == "gave_up" for r in results):
+        status = "gave_up"
+    else:
+        status = "compacted" if any(r.status == "compacted" for r in results) else "merged"
     return TableResult(table.qualified_name, status, results)
 
 
 def _rewrite_with_retries(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
                           partition: tuple,
-                          config: CompactionConfig, hook: faults.Hook, planned: LakeSnapshot) -> PartitionResult:
+                          config: CompactionConfig, hook: faults.Hook, planned: LakeSnapshot,
+                          kind: str = "full") -> PartitionResult:
+    attempt_once = _rewrite_partition if kind == "full" else _merge_partition
     for attempt in range(1, config.max_attempts + 1):
         # The first attempt reads the version it was planned on; a retry plans again from the latest.
         snap = planned if attempt == 1 else lake.snapshot(spark, path)
         try:
-            result = _rewrite_partition(spark, conn, table, path, partition, snap, config, hook)
+            result = attempt_once(spark, conn, table, path, partition, snap, config, hook)
             result.attempts = attempt
             return result
         except Exception as exc:
@@ -245,15 +305,7 @@ def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: Reg
             lake.collect_statistics_of(spark, path, SETTLED)
     hook("compact_after_commit")
     figures = observation.get
-    entry = lake.find_commit_entry(spark, path, {"operation": OPERATION, "run_id": config.run_id,
-                                                 "read_version": snap.version, "partition": dict(partition)})
-    if entry is None:
-        raise LakeUnavailableError(f"the compaction commit of {table.qualified_name} is not in the Delta history")
-    metrics = entry["metrics"]
-    result.status = "compacted"
-    result.lake_version = entry["version"]
-    result.files_after = int(metrics.get("numFiles", 0))
-    result.bytes_after = int(metrics.get("numOutputBytes", 0))
+    _record_commit(spark, path, metadata, result, "compacted")
     result.rows_before = figures["rows_before"]
     result.rows_after = figures["rows_after"]
     result.markers_dropped = figures["markers_before"] - figures["markers_after"]
@@ -264,6 +316,59 @@ def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: Reg
              result.bytes_after, result.rows_before, result.rows_after, result.versions_dropped,
              result.markers_dropped)
     return result
+
+
+def _merge_partition(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
+                     partition: tuple, snap: LakeSnapshot, config: CompactionConfig,
+                     hook: faults.Hook) -> PartitionResult:
+    """The partition's unsettled rows of version V, unchanged, in fewer files (module docstring)."""
+    files = partitions_of(snap).get(partition, [])
+    small = small_export_files(files, config)
+    fresh = [f for f in files if f.unsettled_rows]  # every file the replaceWhere below rewrites
+    result = PartitionResult(dict(partition), "below_threshold", files_before=len(fresh),
+                             bytes_before=sum(f.size for f in fresh), read_version=snap.version)
+    if len(small) < config.min_small_files:
+        return result
+    rows = lake.read_version(spark, path, snap.version)
+    lake_types = {f.name: f.dataType.simpleString() for f in rows.schema.fields}
+    max_batch = _max_batch(rows.filter(partition_predicate(partition, lake_types)), fresh)
+    where = (f"({partition_predicate(partition, lake_types)}) AND {quoted(SETTLED)} IS NULL "
+             f"AND {quoted(BATCH_ID)} <= {max_batch}")
+    observation = Observation(f"merge-{config.run_id}-{snap.version}")
+    merged = rows.filter(where).observe(observation, F.count(F.lit(1)).alias("rows"))
+    out = _layout(merged, table, output_file_count(result.bytes_before, config))
+    out = faults.inside_tasks(out, "compact_during_write")
+    metadata = {"operation": MERGE_OPERATION, "run_id": config.run_id, "table": table.qualified_name,
+                "partition": dict(partition), "read_version": snap.version, "max_batch_id": max_batch}
+    hook("compact_before_commit")
+    writer = (out.write.format("delta").mode("overwrite").option("replaceWhere", where)
+              .option("userMetadata", json.dumps(metadata, sort_keys=True)))
+    if table.partition_by:
+        writer = writer.partitionBy(*table.partition_by)
+    with pg.lake_commit_lock(conn, table.table_id, path):
+        _check_no_rewrites_since(spark, path, snap.version)
+        writer.save(path)
+    hook("compact_after_commit")
+    _record_commit(spark, path, metadata, result, "merged")
+    result.rows_before = result.rows_after = observation.get["rows"]
+    log.info("%s %s: merged the small export files of version %s into %s: files %s -> %s, bytes %s -> %s, "
+             "%s rows unchanged", table.qualified_name, dict(partition), snap.version, result.lake_version,
+             result.files_before, result.files_after, result.bytes_before, result.bytes_after, result.rows_after)
+    return result
+
+
+def _record_commit(spark: SparkSession, path: str, metadata: dict, result: PartitionResult, status: str) -> None:
+    """The partition's commit (found by its metadata) into `result`: its version, files and bytes."""
+    keys = ("operation", "run_id", "read_version", "partition")
+    entry = lake.find_commit_entry(spark, path, {k: metadata[k] for k in keys})
+    if entry is None:
+        raise LakeUnavailableError(f"the {metadata['operation']} commit of {metadata['table']} is not in the "
+                                   "Delta history")
+    metrics = entry["metrics"]
+    result.status = status
+    result.lake_version = entry["version"]
+    result.files_after = int(metrics.get("numFiles", 0))
+    result.bytes_after = int(metrics.get("numOutputBytes", 0))
 
 
 class ConcurrentRewriteError(Exception):
@@ -325,6 +430,15 @@ def parse_args(argv: list[str]) -> CompactionConfig:
                              f"${settings.HISTORY_WINDOW_ENV}, else {settings.DEFAULT_HISTORY_WINDOW_HOURS:g})")
     parser.add_argument("--max-attempts", type=int, default=4,
                         help="attempts per partition when concurrent commits win (default 4)")
+    parser.add_argument("--mode", choices=MODES, default="full",
+                        help="full: the last-write-wins rewrite (default); merge: only merge the small files "
+                             "exports wrote, no row changed; auto: merge, and the full rewrite when due "
+                             "(see --full-rewrite-fraction and --full-every-hours)")
+    parser.add_argument("--full-rewrite-fraction", type=float, default=0.1,
+                        help="auto: rewrite a partition fully once its exported rows pass this share of its "
+                             "rows (default 0.1)")
+    parser.add_argument("--full-every-hours", type=float, default=24.0,
+                        help="auto: rewrite a table fully when its last full rewrite is older (default 24)")
     parser.add_argument("--run-id", help="identifier recorded with the run (default: a new one)")
     args = parser.parse_args(argv)
     hours = args.history_hours if args.history_hours is not None else settings.history_window_hours()
@@ -335,7 +449,8 @@ def parse_args(argv: list[str]) -> CompactionConfig:
         run_id=args.run_id or maintenance_runs.new_run_id("compact"),
         target_file_bytes=int(args.target_file_mb * 1024 * 1024), min_small_files=args.min_small_files,
         small_file_ratio=args.small_file_ratio, history_window=timedelta(hours=hours),
-        max_attempts=args.max_attempts)
+        max_attempts=args.max_attempts, mode=args.mode, full_rewrite_fraction=args.full_rewrite_fraction,
+        full_every=timedelta(hours=args.full_every_hours))
 
 
 def main(argv: list[str]) -> int:

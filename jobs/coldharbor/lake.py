@@ -449,6 +449,12 @@ class LakeFile:
     size: int
     records: int | None
     max_batch_id: int | None          # from the file's column statistics
+    unsettled_rows: int | None = None  # its rows with a NULL _ch_settled (an export's), from the same
+
+    @property
+    def only_unsettled(self) -> bool:
+        """Whether every row of the file is unsettled (an export's file, or a merge of them)."""
+        return self.records is not None and self.unsettled_rows == self.records
 
 
 @dataclass(frozen=True)
@@ -473,7 +479,8 @@ def snapshot(spark: SparkSession, path: str) -> LakeSnapshot | None:
     version, files = found
     return LakeSnapshot(version=version, files=tuple(
         LakeFile(path=f["path"], partition=tuple(sorted(f["partition"].items())), size=f["size"],
-                 records=f["records"], max_batch_id=f["max_batch_id"]) for f in files))
+                 records=f["records"], max_batch_id=f["max_batch_id"], unsettled_rows=f["unsettled_rows"])
+        for f in files))
 
 
 def jvm_message(exc: Exception) -> str:

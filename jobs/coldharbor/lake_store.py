@@ -115,7 +115,8 @@ def settled_split(path: str, version: int, column: str) -> tuple[int, int] | Non
 
 def live_files(path: str) -> tuple[int, list[dict]] | None:
     """(version, one dict per live file: path as the log has it, partition as text, size_bytes,
-    num_records, max_batch_id from the file's statistics), or None when there is no table."""
+    num_records, and from the file's statistics max_batch_id and unsettled_rows (its NULL
+    `_ch_settled` values; None without statistics of the column)), or None when there is no table."""
     with failing_as("reading the Delta log of", path):
         import pyarrow as pa
 
@@ -128,9 +129,10 @@ def live_files(path: str) -> tuple[int, list[dict]] | None:
         for row in actions.to_pylist():
             partition = row.get("partition") if "partition" in names else None
             maxima = (row.get("max") if "max" in names else None) or {}
+            nulls = (row.get("null_count") if "null_count" in names else None) or {}
             files.append({"path": row["path"], "size": row["size_bytes"], "records": row.get("num_records"),
                           "partition": {k: partition_text(v) for k, v in (partition or {}).items()},
-                          "max_batch_id": maxima.get("_ch_batch_id")})
+                          "max_batch_id": maxima.get("_ch_batch_id"), "unsettled_rows": nulls.get("_ch_settled")})
         return table.version(), files
 
 

@@ -6,7 +6,7 @@ import json
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import psycopg
 
@@ -32,6 +32,15 @@ def finish(conn: psycopg.Connection, run_id: str, table_id: int, kind: str, stat
                        SET state = %s, detail = %s, lake_version = %s, error = %s, finished_at = now()
                      WHERE run_id = %s AND table_id = %s AND kind = %s""",
                  (state, json.dumps(dict(detail or {}), default=str), lake_version, error, run_id, table_id, kind))
+
+
+def full_compaction_due(conn: psycopg.Connection, table_id: int, every: timedelta) -> bool:
+    """Whether the table's last compaction that rewrote a partition fully (status `compacted`)
+    finished longer than `every` ago, or never did."""
+    last = conn.execute("""SELECT max(finished_at) FROM coldharbor.maintenance_runs
+                            WHERE table_id = %s AND kind = 'compact' AND state = 'succeeded'
+                              AND detail ->> 'status' = 'compacted'""", (table_id,)).fetchone()[0]
+    return last is None or last < datetime.now(timezone.utc) - every
 
 
 @contextmanager

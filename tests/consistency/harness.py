@@ -117,6 +117,7 @@ class Run:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.settings_rng = random.Random(-self.seed)  # its own stream: the seeds' steps stay as they were
+        self.compaction_rng = random.Random(f"compaction modes {self.seed}")  # the same
         self.table = f"public.cs_{self.seed}_{uuid.uuid4().hex[:6]}"
         self.target = f"adhoc_cs_{self.table.split('.')[1]}"
         self.conn = self.app_connection(autocommit=True)
@@ -275,12 +276,16 @@ class Run:
                           f"batch {result.batch_id} rows {result.rows}{f' writer {made}' if made else ''}")
 
     def compact(self) -> None:
+        """A compaction in one of its modes: the full rewrite, the merge of export files, or the
+        DAG's choice between them (the share of exported rows decides; a full rewrite is due daily)."""
+        mode = self.compaction_rng.choice(compaction.MODES)
         config = compaction.CompactionConfig(table=self.table, lake_root=self.lake_root, run_id=f"cs-{self.seed}",
-                                             target_file_bytes=1024 * 1024, min_small_files=2)
+                                             target_file_bytes=1024 * 1024, min_small_files=2, mode=mode,
+                                             full_rewrite_fraction=0.5)
         with pg.connect(self.dsn) as conn:
             [table] = registry.load(conn, self.table)
             result = compaction.compact_table(self.spark, conn, table, config)
-        self.trace.append(f"compact: {result.status}")
+        self.trace.append(f"compact ({mode}): {result.status}")
 
     def cleanup(self) -> None:
         config = cleanup.CleanupConfig(table=self.table, lake_root=self.lake_root, run_id=f"cs-{self.seed}",

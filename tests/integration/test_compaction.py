@@ -161,7 +161,10 @@ def _in_thread(target) -> tuple[threading.Thread, dict]:
 
 
 @pytest.mark.parametrize("paused", ["compaction", "export"])
-def test_compaction_and_export_interleaved_at_their_commits(spark, pg_dsn, pg_conn, table_name, lake_root, paused):
+@pytest.mark.parametrize("mode", ["full", "merge"])
+def test_compaction_and_export_interleaved_at_their_commits(spark, pg_dsn, pg_conn, table_name, lake_root, paused,
+                                                            mode):
+    """Either one waits at its commit while the other commits: a merge of the export files too."""
     table = register(pg_conn, table_name)
     for i in range(4):  # four small files
         pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 'r{i}' FROM generate_series({i * 10}, {i * 10 + 9}) g")
@@ -172,7 +175,7 @@ def test_compaction_and_export_interleaved_at_their_commits(spark, pg_dsn, pg_co
     pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 'new' FROM generate_series(100, 120) g")
     reached, resume = threading.Event(), threading.Event()
     if paused == "compaction":
-        thread, out = _in_thread(lambda: compact(spark, pg_dsn, table, lake_root,
+        thread, out = _in_thread(lambda: compact(spark, pg_dsn, table, lake_root, mode=mode,
                                                  hook=_paused_at("compact_before_commit", reached, resume)))
         assert reached.wait(300)
         assert export(spark, pg_dsn, table_name, lake_root).status == "exported"
@@ -180,10 +183,13 @@ def test_compaction_and_export_interleaved_at_their_commits(spark, pg_dsn, pg_co
         thread, out = _in_thread(lambda: export(spark, pg_dsn, table_name, lake_root,
                                                 hook=_paused_at("after_intent", reached, resume)))
         assert reached.wait(300)
-        assert compact(spark, pg_dsn, table, lake_root).status == "compacted"
+        assert compact(spark, pg_dsn, table, lake_root, mode=mode).status == {"full": "compacted",
+                                                                               "merge": "merged"}[mode]
     resume.set()
     thread.join(300)
     assert "error" not in out, out.get("error")
+    if paused == "compaction":
+        assert out["result"].status == {"full": "compacted", "merge": "merged"}[mode]
     expected = pg_rows(pg_conn, f"SELECT id, v FROM {table_name}", ["id"])
     assert lake_live(spark, lake_root, table_name, ["id"]) == expected
     # Nothing doubled: one row per key and change sequence.

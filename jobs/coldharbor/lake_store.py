@@ -153,10 +153,10 @@ def partition_text(value) -> str | None:
         return None
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, datetime):
+    if isinstance(value, datetime):  # isoformat: strftime's %Y does not pad a year before 1000
         if value.tzinfo is not None:
-            return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+            return value.astimezone(timezone.utc).replace(tzinfo=None).isoformat("T", "microseconds") + "Z"
+        return value.isoformat(" ", "microseconds")
     if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, Decimal):

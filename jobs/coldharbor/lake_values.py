@@ -5,9 +5,11 @@ dates and timestamps run from 0001-01-01 to 9999-12-31 in the proleptic Gregoria
 PostgreSQL's reach 294276 AD, BC and +-infinity; Spark's decimals have no NaN, which PostgreSQL's
 numeric has. And the JDBC reader of the load, the export and verify moves a date in 1582-10-05..14
 (days its Julian/Gregorian calendar lacks) ten days on; psycopg, which reports read with, does not.
-A partition column's value is a Delta partition value, and Spark writes an empty string there as
-NULL (a key '' would come back as NULL, and a report would keep the stale lake row beside the dirty
-one): a text partition value must hold at least one byte.
+A partition column's value is a Delta partition value, which Spark writes through a folder name:
+an empty string, and the text of its NULL folder `__HIVE_DEFAULT_PARTITION__`, come back as NULL
+(the key changed: a report would keep the stale lake row beside the dirty one), and bytes are
+decoded as UTF-8 (invalid ones become U+FFFD: two keys, one lake key). So a text partition value
+must be non-empty and not that marker, and a bytea one printable ASCII (0x20-0x7E), not the marker.
 
 The checks are SQL, judged in PostgreSQL where the value is still exact, before any reader converts
 it. Values pass by the range known to be held, never by a list of what is not. A row whose value
@@ -34,6 +36,8 @@ DATE_TYPES = frozenset({"DATE", "TIMESTAMP_NTZ", "TIMESTAMP"})  # lake types; TI
 # A registered numeric(p,s) has p <= 38: every number it holds lies inside; NaN sorts above every
 # number and both infinities lie outside.
 DECIMAL_RANGE = ("-1e38", "1e38")
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"  # the folder Spark writes a NULL partition value to
+PRINTABLE_ASCII_HEX = "^([2-6][0-9a-f]|7[0-9a-e])+$"  # hex pairs 20..7e, at least one
 PROBLEM = "_ch_unrepresentable"  # text: NULL, or the JSON array [column, value, key] of the row's first unheld value
 
 ValueOf = Callable[[LakeColumn], sql.Composable]
@@ -55,8 +59,14 @@ def held(column: LakeColumn, value: sql.Composable, through_jdbc: bool) -> sql.C
         return sql.SQL("({})").format(check)
     if column.lake_type.startswith("DECIMAL("):
         return sql.SQL("({} BETWEEN {} AND {})").format(value, sql.SQL(DECIMAL_RANGE[0]), sql.SQL(DECIMAL_RANGE[1]))
-    if column.partition and column.lake_type == "STRING" and not _blank_padded(column.pg_type):
-        return sql.SQL("(octet_length(({})::text) > 0)").format(value)
+    if column.partition and column.lake_type == "STRING":
+        not_marker = sql.SQL("({})::text <> {}").format(value, sql.Literal(NULL_PARTITION))
+        if _blank_padded(column.pg_type):
+            return sql.SQL("({})").format(not_marker)
+        return sql.SQL("(octet_length(({})::text) > 0 AND {})").format(value, not_marker)
+    if column.partition and column.lake_type == "BINARY":
+        return sql.SQL("(encode({v}, 'hex') ~ {ascii} AND {v} <> convert_to({marker}, 'UTF8'))").format(
+            v=value, ascii=sql.Literal(PRINTABLE_ASCII_HEX), marker=sql.Literal(NULL_PARTITION))
     return None
 
 
@@ -102,8 +112,8 @@ def refusal(table: str, problem: str, outcome: str, through_jdbc: bool = True) -
     return UnrepresentableValueError(
         f"{table}: column {column} holds {value!r} (row {key}), which the lake cannot hold exactly: dates and "
         f"timestamps must lie from {DATE_RANGE[0]} to 9999-12-31 (no infinity, no BC){gap}, numbers must be "
-        f"finite (no NaN), and a partition column's text must not be empty (Spark writes an empty partition "
-        f"value as NULL); {outcome}")
+        f"finite (no NaN), and a partition value must be non-empty text other than {NULL_PARTITION} (bytes: "
+        f"printable ASCII), as Spark writes it through a folder name; {outcome}")
 
 
 def refuse_in_table(conn: psycopg.Connection, table: RegisteredTable, columns: Sequence[LakeColumn],

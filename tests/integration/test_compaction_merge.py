@@ -157,6 +157,26 @@ def test_auto_rewrites_fully_when_due_or_past_the_share_and_merges_in_between(sp
     assert auto() == "compacted"
 
 
+@pytest.mark.parametrize("mode", ["merge", "full"])
+def test_a_timestamp_partition_before_year_1000_is_compacted(spark, pg_dsn, pg_conn, table_name, lake_root, mode):
+    """Found by an outside attack: the partition value was named with strftime's unpadded year
+    ('999-06-01...'), whose CAST failed inside every compaction's write."""
+    pg_conn.execute(f"CREATE TABLE {table_name} (day timestamptz, id int, v text, PRIMARY KEY (day, id))")
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES ('0999-06-01 00:00+00', 1, 'a'), ('2020-06-01 00:00+00', 2, 'b')")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_partition_by => %s)", (table_name, ["day"]))
+    [table] = registry.load(pg_conn, table_name)
+    export(spark, pg_dsn, table_name, lake_root)
+    for i in range(3):
+        pg_conn.execute(f"UPDATE {table_name} SET v = v || %s", (str(i),))
+        assert export(spark, pg_dsn, table_name, lake_root).status == "exported"
+
+    result = compact(spark, pg_dsn, table, lake_root, mode=mode)
+
+    assert {p.status for p in result.partitions} == {"merged" if mode == "merge" else "compacted"}
+    live = lake_live(spark, lake_root, table_name, ["day", "id"])
+    assert sorted((r["id"], r["v"]) for r in live.values()) == [(1, "a012"), (2, "b012")]
+
+
 def test_a_table_without_the_statistics_of_the_column_is_never_merged(spark, pg_dsn, pg_conn, table_name, lake_root):
     pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
     pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))

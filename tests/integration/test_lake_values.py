@@ -199,11 +199,36 @@ def test_a_partitioned_table_registered_with_an_empty_partition_value_is_loaded_
     with pytest.raises(UnrepresentableValueError, match="nothing of the table was written") as refused:
         export(spark, pg_dsn, name, lake_root)
     assert str(refused.value).startswith(refusal_of(name, "region", "", "region=, shelf=b, id=2"))
-    assert "partition column's text must not be empty" in str(refused.value)
+    assert "a partition value must be non-empty text other than __HIVE_DEFAULT_PARTITION__" in str(refused.value)
     assert lake.pin_version(spark, f"{lake_root}/public/{name}") is None
     pg_conn.execute(f"UPDATE {name} SET region = 'south' WHERE id = 2")
     assert export(spark, pg_dsn, name, lake_root).status in {"loaded", "exported"}  # the load, then the change
     keys = ["region", "shelf", "id"]
+    assert lake_live(spark, lake_root, name, keys) == pg_rows(pg_conn, f"SELECT * FROM {name}", keys)
+
+
+@pytest.mark.parametrize("ddl, rows, column, value, key", [
+    # Spark's partition writer reads the folder name back: this text is its name for NULL.
+    ("region text", "('north', 1), ('__HIVE_DEFAULT_PARTITION__', 2)", "region", "__HIVE_DEFAULT_PARTITION__",
+     "region=__HIVE_DEFAULT_PARTITION__, id=2"),
+    # Bytes become a string by UTF-8: '' is then NULL, and \xff and \xfe both U+FFFD (one lake key).
+    ("k bytea", "('abc'::bytea, 1), ('\\x'::bytea, 2)", "k", "\\x", "k=\\x, id=2"),
+    ("k bytea", "('abc'::bytea, 1), ('\\xff'::bytea, 3)", "k", "\\xff", "k=\\xff, id=3"),
+])
+def test_a_partition_value_spark_does_not_write_back_is_refused_by_the_load(spark, pg_dsn, pg_conn, lake_root,
+                                                                            ddl, rows, column, value, key):
+    """Found by an outside attack on the empty-text check: other values the partition writer changes."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    pg_conn.execute(f"CREATE TABLE {name} ({ddl}, id int, PRIMARY KEY ({ddl.split()[0]}, id))")
+    pg_conn.execute(f"INSERT INTO {name} VALUES {rows}")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_partition_by => %s)", (name, [column]))
+    with pytest.raises(UnrepresentableValueError) as refused:
+        export(spark, pg_dsn, name, lake_root)
+    assert str(refused.value).startswith(refusal_of(name, column, value, key))
+    assert lake.pin_version(spark, f"{lake_root}/public/{name}") is None
+    pg_conn.execute(f"DELETE FROM {name} WHERE id > 1")  # what is left (printable, non-empty) is held
+    assert export(spark, pg_dsn, name, lake_root).status in {"loaded", "exported"}
+    keys = [column, "id"]
     assert lake_live(spark, lake_root, name, keys) == pg_rows(pg_conn, f"SELECT * FROM {name}", keys)
 
 

@@ -24,9 +24,11 @@ holding exactly the same rows, in one commit:
 version is dropped and no row changes, so every read (current, as-of, verify) answers as before; a
 report then opens a few files instead of one per export. OPTIMIZE itself cannot be told which
 files to take: it bin-packs every file under a size, the settled base's too, and a base file
-merged with export files would be ranked by every current read. `--mode auto` (the compaction DAG's) merges a partition whose
-exported rows are a small share of it (`full_rewrite_fraction`) while a full rewrite of the table
-ran within `full_every`, and rewrites it fully otherwise.
+merged with export files would be ranked by every current read.
+
+`--mode auto` (the compaction DAG's) merges a partition whose exported rows are a small share of it
+(`full_rewrite_fraction`) while a full rewrite of the table ran within `full_every`, and rewrites
+it fully otherwise.
 """
 
 from __future__ import annotations

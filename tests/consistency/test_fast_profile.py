@@ -33,7 +33,9 @@ def test_random_sequence_matches_the_model(seed, spark, pg_dsn, admin_dsn, tmp_p
     monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
     outcome = run_sequence(seed, STEPS, FAST_SEEDS[seed], spark=spark, dsn=pg_dsn, admin_dsn=admin_dsn,
                            workdir=tmp_path)
-    print(f"seed {seed}: {outcome.steps} steps, {outcome.reports} reports checked, crashes at {outcome.crashes}")
+    compactions = [line for line in outcome.trace if line.startswith("compact (")]
+    print(f"seed {seed}: {outcome.steps} steps, {outcome.reports} reports checked, crashes at {outcome.crashes}, "
+          f"compactions {compactions}")
     assert outcome.reports >= 3
     assert sorted(outcome.crashes) == sorted(FAST_SEEDS[seed])
 

@@ -296,7 +296,7 @@ def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: Reg
     if table.partition_by:
         writer = writer.partitionBy(*table.partition_by)
     with pg.lake_commit_lock(conn, table.table_id, path):
-        _check_no_rewrites_since(spark, path, snap.version)
+        _check_no_rewrites_since(spark, path, snap.version, config.run_id, dict(partition))
         # The current read skips files by the column's statistics. Delta checks the property against
         # the schema: a table still without the column gains it with the rewrite, and the property
         # after it (that rewrite's files have none; the next ones do).
@@ -348,7 +348,7 @@ def _merge_partition(spark: SparkSession, conn: psycopg.Connection, table: Regis
     if table.partition_by:
         writer = writer.partitionBy(*table.partition_by)
     with pg.lake_commit_lock(conn, table.table_id, path):
-        _check_no_rewrites_since(spark, path, snap.version)
+        _check_no_rewrites_since(spark, path, snap.version, config.run_id, dict(partition))
         writer.save(path)
     hook("compact_after_commit")
     _record_commit(spark, path, metadata, result, "merged")
@@ -381,12 +381,15 @@ class ConcurrentRewriteError(Exception):
 _HARMLESS_OPERATIONS = {"VACUUM START", "VACUUM END", "SET TBLPROPERTIES"}
 
 
-def _check_no_rewrites_since(spark: SparkSession, path: str, version: int) -> None:
+def _check_no_rewrites_since(spark: SparkSession, path: str, version: int, run_id: str | None = None,
+                             partition: dict | None = None) -> None:
     """Refuses to commit over a commit that removed or rewrote rows after `version`.
 
     replaceWhere removes the matching files of the table as it is when the write starts, not as
     the rewrite read it: a DELETE or MERGE that committed in between would be undone. Delta's
-    own conflict checks cover commits after the write starts; this covers the ones before.
+    own conflict checks cover commits after the write starts; this covers the ones before. The
+    same run's commits of other partitions (`run_id`, `partition`) touched none of this one's rows:
+    without this, every partition after a run's first lost its first attempt to the run itself.
     """
     latest = lake.pin_version(spark, path)
     if latest == version:
@@ -394,9 +397,22 @@ def _check_no_rewrites_since(spark: SparkSession, path: str, version: int) -> No
     history = lake.history_of(spark, path, latest - version).collect()
     for entry in history:
         if entry["version"] > version and not entry["isBlindAppend"] \
-                and entry["operation"] not in _HARMLESS_OPERATIONS:
+                and entry["operation"] not in _HARMLESS_OPERATIONS \
+                and not _own_other_partition(entry["userMetadata"], run_id, partition):
             raise ConcurrentRewriteError(f"version {entry['version']} "
                                          f"({entry['operation']}) changed rows after version {version} was read")
+
+
+def _own_other_partition(user_metadata: str | None, run_id: str | None, partition: dict | None) -> bool:
+    """Whether a commit's metadata names a rewrite or merge of this run in another partition."""
+    if run_id is None or not user_metadata:
+        return False
+    try:
+        metadata = json.loads(user_metadata)
+    except ValueError:
+        return False
+    return (isinstance(metadata, dict) and metadata.get("operation") in (OPERATION, MERGE_OPERATION)
+            and metadata.get("run_id") == run_id and metadata.get("partition") != partition)
 
 
 def _max_batch(rows: DataFrame, files: Sequence[LakeFile]) -> int:

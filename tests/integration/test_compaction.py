@@ -211,6 +211,8 @@ def test_partitions_are_compacted_one_by_one(spark, pg_dsn, pg_conn, table_name,
     result = compact(spark, pg_dsn, table, lake_root)
     compacted = sorted(p.partition["region"] for p in result.partitions if p.status == "compacted")
     assert compacted == ["eu", "us"]
+    # The run's commit of one partition is no concurrent rewrite of the next.
+    assert [p.attempts for p in result.partitions] == [1] * len(result.partitions)
     assert lake_live(spark, lake_root, table_name, ["region", "id"]) == pg_rows(
         pg_conn, f"SELECT region, id, v FROM {table_name}", ["region", "id"])
 

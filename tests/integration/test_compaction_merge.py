@@ -119,6 +119,7 @@ def test_merge_runs_per_partition_whatever_the_partition_value(spark, pg_dsn, pg
 
     assert result.status == "merged"
     assert {p.partition["region"] for p in result.partitions if p.status == "merged"} == set(REGIONS[:-1])
+    assert [p.attempts for p in result.partitions] == [1] * len(result.partitions)  # none lost to the run itself
     per_region: dict[str | None, int] = {}
     for f in unsettled_files(path):
         region = dict(f.partition)["region"]

@@ -279,7 +279,8 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     lake.require_own_lake(spark, path, app_id, table.quoted_name)
     keys = [c.name for c in columns if c.is_key]
     new_relation = answers_new_relation(conn, table.table_id)
-    change, replace = base_schema_change(spark, table, columns, path, new_relation)
+    change, replace = base_schema_change(spark, table, columns, path, new_relation,
+                                         replaces_lake(conn, table.table_id))
     lake_keys = None
     if not replace:
         # A lake table already there (a resync, or a load into a location used before) keeps its rows:
@@ -308,13 +309,16 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
 
 
 def base_schema_change(spark: SparkSession, table: RegisteredTable, columns: Sequence[LakeColumn], path: str,
-                       new_relation: bool) -> tuple[lake.SchemaChange, bool]:
+                       new_relation: bool, replacing: bool = False) -> tuple[lake.SchemaChange, bool]:
     """How the base's columns differ from the lake table's, and whether the base replaces the lake's
     rows. Another relation registered under the name (sql/017) owns none of them, evicted ones
     included (sql/018): when the lake table cannot take its rows beside them (a key column it lacks,
     a type it cannot widen to), its base replaces them, and as-of history starts again there (as for
-    a lake moved aside). Otherwise the base outranks them key by key, so instants before it are still
+    a lake moved aside). So does a base that answers a change of the table's key (`replacing`,
+    sql/020). Otherwise the base outranks them key by key, so instants before it are still
     answered. Any other table with a type the lake cannot widen to is refused (ConfigError)."""
+    if replacing:
+        return lake.SchemaChange((), ()), True
     wanted = spark.range(0).transform(table_contract(columns)).schema
     try:
         change = lake.schema_change(spark, path, wanted, table.qualified_name)
@@ -391,6 +395,13 @@ def answers_new_relation(conn: psycopg.Connection, table_id: int) -> bool:
     cannot stand beside its own (`base_schema_change`)."""
     return conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.rebases WHERE table_id = %s "
                         "AND settled_at IS NULL AND new_relation)", (table_id,)).fetchone()[0]
+
+
+def replaces_lake(conn: psycopg.Connection, table_id: int) -> bool:
+    """Whether the base answers a registration with another primary key (sql/020): the lake's rows are
+    keyed by a key that no longer identifies a row, so the base replaces them."""
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.rebases WHERE table_id = %s "
+                        "AND settled_at IS NULL AND replaces_lake)", (table_id,)).fetchone()[0]
 
 
 def starts_lake(kind: str, version: int, replaces: bool = False) -> bool:

@@ -122,23 +122,34 @@ def test_a_table_created_again_with_another_key_registered_again_and_resynced_is
     assert not errors(caplog)
 
 
+def tiered_with_evicted_rows(conn, dsn: str, lake_root: str, monkeypatch, t: str, ddl: str, rows: str,
+                             evicted: str, evicted_count: int) -> int:
+    """Table `t` holding `rows`, registered with a hot retention of 30 days and loaded, then holding
+    `evicted` too, exported and evicted (their changes made 40 days old); returns its table_id."""
+    conn.execute(f"CREATE TABLE {t} ({ddl})")
+    conn.execute(f"INSERT INTO {t} {rows}")
+    conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => interval '30 days')", (t,))
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", dsn)
+    assert export_job.main(["--table", t, "--lake-root", lake_root]) == 0
+    conn.execute(f"INSERT INTO {t} {evicted}")
+    assert export_job.main(["--table", t, "--lake-root", lake_root]) == 0
+    [table_id] = conn.execute("SELECT table_id FROM coldharbor.tables WHERE table_name = %s", (t,)).fetchone()
+    conn.execute("""UPDATE coldharbor.change_log SET created_at = created_at - interval '40 days',
+                           flushed_at = flushed_at - interval '40 days' WHERE table_id = %s""", (table_id,))
+    assert conn.execute("SELECT coldharbor.evict(%s, now() - interval '30 days')",
+                        (table_id,)).fetchone()[0] == evicted_count
+    return table_id
+
+
 @pytest.mark.parametrize("key_type, key", [("bigint", "g"), ("text", "g::text")], ids=["same key type", "text key"])
 def test_a_tiered_table_created_again_and_registered_again_loses_the_old_tables_keys(
         spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, key_type, key):
     """A tiered table's base leaves keys only the lake holds as they are (they may be evicted); the
     keys of a table dropped before, evicted ones too, are not rows of the new one."""
     t = table_name
-    pg_conn.execute(f"CREATE TABLE {t} (id bigint PRIMARY KEY, v text)")
-    pg_conn.execute(f"INSERT INTO {t} SELECT g, 'old' FROM generate_series(1, 200) g")
-    pg_conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => interval '30 days')", (t,))
-    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
-    assert export_job.main(["--table", t, "--lake-root", lake_root]) == 0
-    pg_conn.execute(f"INSERT INTO {t} SELECT g, 'evicted' FROM generate_series(201, 230) g")
-    assert export_job.main(["--table", t, "--lake-root", lake_root]) == 0
-    [table_id] = pg_conn.execute("SELECT table_id FROM coldharbor.tables WHERE table_name = %s", (t,)).fetchone()
-    pg_conn.execute("""UPDATE coldharbor.change_log SET created_at = created_at - interval '40 days',
-                              flushed_at = flushed_at - interval '40 days' WHERE table_id = %s""", (table_id,))
-    assert pg_conn.execute("SELECT coldharbor.evict(%s, now() - interval '30 days')", (table_id,)).fetchone()[0] == 30
+    tiered_with_evicted_rows(pg_conn, pg_dsn, lake_root, monkeypatch, t, "id bigint PRIMARY KEY, v text",
+                             "SELECT g, 'old' FROM generate_series(1, 200) g",
+                             "SELECT g, 'evicted' FROM generate_series(201, 230) g", 30)
     pg_conn.execute(f"DROP TABLE {t}")
     pg_conn.execute(f"CREATE TABLE {t} (id {key_type} PRIMARY KEY, v text)")
     pg_conn.execute(f"INSERT INTO {t} SELECT {key}, 'new' FROM generate_series(150, 260) g")
@@ -325,3 +336,86 @@ def test_a_new_relation_s_base_killed_midway_is_finished_under_another_partition
     assert export_job.main(["--table", t, "--lake-root", lake_root]) == 0, errors(caplog)
     assert lake_live(spark, lake_root, t, ["k", "r"]) == pg_rows(pg_conn, f"SELECT * FROM {t}", ["k", "r"])
     assert verify.main(["--table", t, "--lake-root", lake_root]) == 0, errors(caplog)
+
+
+# (key before, key after, rows changed before the key changes (so that the new key holds), and after;
+# the table is (a int, b int, v text))
+KEY_CHANGES = [
+    ("a, b", "a", "DELETE FROM {t} WHERE b = 2", "UPDATE {t} SET b = 3 WHERE a % 6 = 0"),
+    ("a", "a, b", "UPDATE {t} SET v = v || ' before' WHERE a % 6 = 0",
+     "INSERT INTO {t} SELECT a, 2, 'second' FROM {t} WHERE a % 3 = 0"),
+]
+
+
+@pytest.mark.parametrize("old_key, new_key, before, after", KEY_CHANGES,
+                         ids=["a key column dropped", "a key column added"])
+def test_a_table_registered_again_with_another_primary_key_is_rebased_and_exact(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog, old_key, new_key, before, after):
+    """Registering the same table again after its primary key changed took the new key and nothing
+    else: the lake's rows (settled by compaction) stayed keyed by the old key, so with (a, b) -> (a)
+    the delete markers of (a, 2) hid the live rows (a, 1) from every report, and the changes logged
+    under (a) -> (a, b) had no b to be exported by. Now the registration asks for a base that
+    replaces the lake's rows, and as-of history starts again there."""
+    name = table_name + HOSTILE
+    t = f"public.{quoted(name)}"
+    rows = "SELECT g, 1, 'v' || g FROM generate_series(1, 120) g" if old_key == "a" else \
+        "SELECT g / 2 + 1, g % 2 + 1, 'v' || g FROM generate_series(0, 239) g"
+    pg_conn.execute(f"CREATE TABLE {t} (a int, b int, v text, PRIMARY KEY ({old_key}))")
+    pg_conn.execute(f"INSERT INTO {t} {rows}")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    common = ["--table", f"public.{name}", "--lake-root", lake_root]
+    assert export_job.main(common) == 0, errors(caplog)
+    pg_conn.execute(f"UPDATE {t} SET v = v || ' changed' WHERE a % 4 = 0")
+    assert export_job.main(common) == 0, errors(caplog)
+    assert compaction.main(common) == 0, errors(caplog)  # one settled row per old key
+    before_the_change = pg_conn.execute("SELECT clock_timestamp()").fetchone()[0]
+
+    pg_conn.execute(before.format(t=t))
+    pg_conn.execute(f"ALTER TABLE {t} DROP CONSTRAINT {quoted(name + '_pkey')}")
+    pg_conn.execute(f"ALTER TABLE {t} ADD PRIMARY KEY ({new_key})")
+    pg_conn.execute(after.format(t=t))
+    pg_conn.execute(f"UPDATE {t} SET v = v || ' after' WHERE a % 5 = 0")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
+    state, reason = pg_conn.execute("SELECT load_state, rebase_reason FROM coldharbor.tables WHERE table_name = %s",
+                                    (name,)).fetchone()
+    assert state == "pending" and f"registered again with primary key ({new_key}) where it was ({old_key})" in reason
+
+    keys = [k.strip() for k in new_key.split(",")]
+    assert export_job.main(common) == 0, errors(caplog)
+    assert sorted(lake_live(spark, lake_root, f"public.{name}", keys)) == sorted(pg_rows(
+        pg_conn, f"SELECT * FROM {t}", keys))
+    report_equals_postgres(monkeypatch, pg_conn, pg_dsn, lake_root, name, keys)
+    run = f"a{uuid.uuid4().hex[:10]}"
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT * FROM public.`{name}`", "--target",
+                        f"adhoc_{run}", "--run-id", run, "--as-of", before_the_change.isoformat()) == 2
+    assert "and the lake knows nothing earlier" in report_run(pg_conn, run)["error"]
+    caplog.clear()
+    assert verify.main(common) == 0, errors(caplog)
+
+    pg_conn.execute(f"UPDATE {t} SET v = 'later' WHERE a % 7 = 0")
+    pg_conn.execute(f"DELETE FROM {t} WHERE a % 11 = 0")
+    assert export_job.main(common) == 0, errors(caplog)
+    assert compaction.main(common) == 0, errors(caplog)
+    report_equals_postgres(monkeypatch, pg_conn, pg_dsn, lake_root, name, keys)
+    assert verify.main(common) == 0, errors(caplog)
+    assert not errors(caplog)
+
+
+def test_a_table_with_evicted_rows_registered_again_with_another_primary_key_is_refused(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
+    """Evicted rows live in the lake alone under the old key: a base from PostgreSQL cannot key them
+    again, so the registration is refused, naming both keys, and the table keeps its registration."""
+    t = table_name
+    table_id = tiered_with_evicted_rows(pg_conn, pg_dsn, lake_root, monkeypatch, t,
+                                        "a int, b int, v text, PRIMARY KEY (a, b)",
+                                        "SELECT g, 1, 'v' FROM generate_series(1, 50) g",
+                                        "SELECT g, 1, 'evicted' FROM generate_series(51, 60) g", 10)
+    pg_conn.execute(f"ALTER TABLE {t} DROP CONSTRAINT {t}_pkey")
+    pg_conn.execute(f"ALTER TABLE {t} ADD PRIMARY KEY (a)")
+    with pytest.raises(psycopg.errors.FeatureNotSupported) as refused:
+        pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
+    assert f"cannot register public.{t} again with primary key (a): rows evicted from it live in the lake alone, " \
+           "keyed by (a, b)" in str(refused.value)
+    assert pg_conn.execute("SELECT key_columns, load_state FROM coldharbor.tables WHERE table_id = %s",
+                           (table_id,)).fetchone() == (["a", "b"], "loaded")

@@ -8,7 +8,8 @@
 -- both served. The changes logged under the old key cannot be read under the new one either (a new
 -- key column is absent from their keys).
 --
--- Registering the same relation again with another key now asks for a base that replaces the lake's
+-- Registering the same relation again with another key (other columns: the same ones in another
+-- order are the same key) now asks for a base that replaces the lake's
 -- rows (`rebases.replaces_lake`), as a new relation's does when the keys cannot stand beside each
 -- other (sql/017): the old key's changes and finished batches are retired, and as-of history
 -- starts again at the base (an instant before it is refused: the lake's rows before it are keyed by
@@ -25,7 +26,8 @@ DECLARE
 BEGIN
     -- Another relation under the name (track_registered_relation, which fired first) is rebased
     -- as such already.
-    IF NEW.source_kind <> 'table' OR NEW.key_columns IS NOT DISTINCT FROM OLD.key_columns
+    -- The same columns in another order are the same key (a change_log key is a jsonb object).
+    IF NEW.source_kind <> 'table' OR (NEW.key_columns @> OLD.key_columns AND NEW.key_columns <@ OLD.key_columns)
        OR NEW.relid IS DISTINCT FROM OLD.relid OR OLD.dropped_at IS NOT NULL THEN
         RETURN NEW;
     END IF;

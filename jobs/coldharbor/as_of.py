@@ -77,6 +77,9 @@ def rebase_refusal(as_of: datetime, table: RegisteredTable, window: RebaseWindow
     if window.settled_at is None:
         until = "its new base, which the next export writes"
         ask = f"retry after that export (then instants before {start} and from the new base on are answered)"
+    elif window.hides_earlier:
+        until = f"its new base of {window.settled_at.isoformat()} (lake version {window.settled_version})"
+        ask = f"ask for an instant from {window.settled_at.isoformat()} on (none before it can be read)"
     else:
         until = f"its new base of {window.settled_at.isoformat()} (lake version {window.settled_version})"
         ask = f"ask for an instant before {start}, or from {window.settled_at.isoformat()} on"
@@ -84,11 +87,13 @@ def rebase_refusal(as_of: datetime, table: RegisteredTable, window: RebaseWindow
     if as_of >= window.requested_at:
         return (f"{head} inside a rebase: {reason}; PostgreSQL held values the lake does not have from {since} "
                 f"until {until}; {ask}")
-    if window.renames_column:
+    if window.hides_earlier:
         then = ("retry after the next export writes the new base, then ask for an instant from it on"
                 if window.settled_at is None else f"ask for an instant from {window.settled_at.isoformat()} on")
-        return (f"{head} before a rename ({reason}, at {since}): lake rows written before it hold the column "
-                f"under its old name, so no earlier instant can be read under the new one; {then}")
+        held = ("hold the column under its old name" if window.renames_column
+                else "are keyed by the old primary key")
+        return (f"{head} before a {'rename' if window.renames_column else 'key change'} ({reason}, at {since}): "
+                f"lake rows written before it {held}, so no earlier instant can be read under the new one; {then}")
     if as_of >= window.starts_at:
         return (f"{head} before a rebase ({reason}), but changes from {start} on were not exported when its DDL "
                 f"ran at {since}: the lake holds those keys only with the values the DDL left, from {start} until "

@@ -88,7 +88,8 @@ class RebaseWindow:
     change not yet exported when DDL changed rows without writing them (its image is read after
     the DDL, with the values the DDL left, under the change's earlier time), or from the request
     itself, until the snapshot of the base that answered it. Before a rename the lake holds the
-    column under its old name: every instant before the base is hidden."""
+    column under its old name, before a key change its rows are keyed by the old key: every instant
+    before the base is hidden."""
 
     reason: str
     requested_at: datetime
@@ -96,6 +97,13 @@ class RebaseWindow:
     settled_version: int | None
     dirty_since: datetime | None = None  # the oldest change not exported at the request, if before it
     renames_column: bool = False
+    replaces_lake: bool = False       # the key changed (sql/020): the base replaced the lake's rows
+
+    @property
+    def hides_earlier(self) -> bool:
+        """Whether no instant before the base can be read as the table is now: a rename (the lake
+        holds the column under its old name) or a key change (its rows are keyed by the old key)."""
+        return self.renames_column or self.replaces_lake
 
     @property
     def starts_at(self) -> datetime:
@@ -108,7 +116,7 @@ class RebaseWindow:
         """Whether lake@version read as of `instant` would miss the rebase's values. A window settled
         before `lake_from` (the start of the lake there now) belongs to an earlier lake: its version
         says nothing about this one."""
-        if self.renames_column and not self.of_earlier_lake(lake_from) and (
+        if self.hides_earlier and not self.of_earlier_lake(lake_from) and (
                 self.settled_at is None or instant < self.settled_at):
             return True
         if instant < self.starts_at:
@@ -130,8 +138,9 @@ class RebaseWindow:
 
 def rebase_windows(conn: psycopg.Connection, table_id: int) -> tuple[RebaseWindow, ...]:
     """The table's rebase windows, oldest first, as the caller's snapshot sees them."""
-    rows = conn.execute("SELECT reason, requested_at, settled_at, settled_version, dirty_since, renames_column "
-                        "FROM coldharbor.rebases WHERE table_id = %s ORDER BY serial", (table_id,)).fetchall()
+    rows = conn.execute("SELECT reason, requested_at, settled_at, settled_version, dirty_since, renames_column, "
+                        "replaces_lake FROM coldharbor.rebases WHERE table_id = %s ORDER BY serial",
+                        (table_id,)).fetchall()
     return tuple(RebaseWindow(*row) for row in rows)
 
 

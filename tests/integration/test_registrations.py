@@ -377,6 +377,7 @@ def test_a_table_registered_again_with_another_primary_key_is_rebased_and_exact(
     pg_conn.execute(after.format(t=t))
     pg_conn.execute(f"UPDATE {t} SET v = v || ' after' WHERE a % 5 = 0")
     pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
+    registered = pg_conn.execute("SELECT clock_timestamp()").fetchone()[0]
     state, reason = pg_conn.execute("SELECT load_state, rebase_reason FROM coldharbor.tables WHERE table_name = %s",
                                     (name,)).fetchone()
     assert state == "pending" and f"registered again with primary key ({new_key}) where it was ({old_key})" in reason
@@ -386,10 +387,15 @@ def test_a_table_registered_again_with_another_primary_key_is_rebased_and_exact(
     assert sorted(lake_live(spark, lake_root, f"public.{name}", keys)) == sorted(pg_rows(
         pg_conn, f"SELECT * FROM {t}", keys))
     report_equals_postgres(monkeypatch, pg_conn, pg_dsn, lake_root, name, keys)
-    run = f"a{uuid.uuid4().hex[:10]}"
-    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT * FROM public.`{name}`", "--target",
-                        f"adhoc_{run}", "--run-id", run, "--as-of", before_the_change.isoformat()) == 2
-    assert "and the lake knows nothing earlier" in report_run(pg_conn, run)["error"]
+    refusals = []
+    for instant in (before_the_change, registered):  # before the key change; between it and the base
+        run = f"a{uuid.uuid4().hex[:10]}"
+        assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT * FROM public.`{name}`", "--target",
+                            f"adhoc_{run}", "--run-id", run, "--as-of", instant.isoformat()) == 2
+        refusals.append(report_run(pg_conn, run)["error"])
+    assert "and the lake knows nothing earlier; the oldest time a report can be asked for is that one" in refusals[0]
+    assert "it falls inside a rebase" in refusals[1] and "(none before it can be read)" in refusals[1]
+    assert all("ask for an instant before" not in r for r in refusals), refusals
     caplog.clear()
     assert verify.main(common) == 0, errors(caplog)
 
@@ -411,11 +417,23 @@ def test_a_table_with_evicted_rows_registered_again_with_another_primary_key_is_
                                         "a int, b int, v text, PRIMARY KEY (a, b)",
                                         "SELECT g, 1, 'v' FROM generate_series(1, 50) g",
                                         "SELECT g, 1, 'evicted' FROM generate_series(51, 60) g", 10)
+    # The same columns in another order are the same key: taken as they are, no base.
+    pg_conn.execute(f"ALTER TABLE {t} DROP CONSTRAINT {t}_pkey")
+    pg_conn.execute(f"ALTER TABLE {t} ADD PRIMARY KEY (b, a)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
+    assert pg_conn.execute("SELECT key_columns, load_state FROM coldharbor.tables WHERE table_id = %s",
+                           (table_id,)).fetchone() == (["b", "a"], "loaded")
+    pg_conn.execute(f"UPDATE {t} SET v = 'after the reorder' WHERE a % 2 = 0")
+    assert export_job.main(["--table", t, "--lake-root", lake_root]) == 0
+    live = lake_live(spark, lake_root, t, ["a", "b"])  # the evicted rows 51..60 stay, beside PostgreSQL's
+    assert sorted(live) == [(g, 1) for g in range(1, 61)]
+    assert [k for k, row in live.items() if row["v"] == "after the reorder"] == [(g, 1) for g in range(2, 51, 2)]
+
     pg_conn.execute(f"ALTER TABLE {t} DROP CONSTRAINT {t}_pkey")
     pg_conn.execute(f"ALTER TABLE {t} ADD PRIMARY KEY (a)")
     with pytest.raises(psycopg.errors.FeatureNotSupported) as refused:
         pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
     assert f"cannot register public.{t} again with primary key (a): rows evicted from it live in the lake alone, " \
-           "keyed by (a, b)" in str(refused.value)
+           "keyed by (b, a)" in str(refused.value)
     assert pg_conn.execute("SELECT key_columns, load_state FROM coldharbor.tables WHERE table_id = %s",
-                           (table_id,)).fetchone() == (["a", "b"], "loaded")
+                           (table_id,)).fetchone() == (["b", "a"], "loaded")

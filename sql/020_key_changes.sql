@@ -3,10 +3,9 @@
 -- The jobs refuse a table whose primary key no longer matches its registration ("register it
 -- again"), and registering it again took the new key with nothing else: the lake's rows stayed
 -- keyed by the old key, so last-write-wins ranked versions of different rows as one key. With
--- primary key (a, b) changed to (a), the rows (1, 1) and (1, 2) were one key 1 to every read: a
--- delete marker of (1, 2) hid the live row (1, 1), and two settled rows of key 1 (compaction's) were
--- both served. The changes logged under the old key cannot be read under the new one either (a new
--- key column is absent from their keys).
+-- primary key (a) changed to (a, b), the rows the table gained under the new key never reached the
+-- lake (the changes logged under the old key have no b); with (a, b) changed to (a), an as-of report
+-- before the change was answered with the rows (1, 1) and (1, 2) ranked as one key 1.
 --
 -- Registering the same relation again with another key (other columns: the same ones in another
 -- order are the same key) now asks for a base that replaces the lake's

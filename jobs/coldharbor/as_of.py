@@ -77,12 +77,11 @@ def rebase_refusal(as_of: datetime, table: RegisteredTable, window: RebaseWindow
     if window.settled_at is None:
         until = "its new base, which the next export writes"
         ask = f"retry after that export (then instants before {start} and from the new base on are answered)"
-    elif window.hides_earlier:
-        until = f"its new base of {window.settled_at.isoformat()} (lake version {window.settled_version})"
-        ask = f"ask for an instant from {window.settled_at.isoformat()} on (none before it can be read)"
     else:
         until = f"its new base of {window.settled_at.isoformat()} (lake version {window.settled_version})"
-        ask = f"ask for an instant before {start}, or from {window.settled_at.isoformat()} on"
+        ask = (f"ask for an instant from {window.settled_at.isoformat()} on (none before it can be read)"
+               if window.hides_earlier else
+               f"ask for an instant before {start}, or from {window.settled_at.isoformat()} on")
     head = f"as-of {as_of.isoformat()} cannot be answered for {table.quoted_name}: it falls"
     if as_of >= window.requested_at:
         return (f"{head} inside a rebase: {reason}; PostgreSQL held values the lake does not have from {since} "

@@ -122,15 +122,22 @@ def test_a_table_created_again_with_another_key_registered_again_and_resynced_is
     assert not errors(caplog)
 
 
+def loaded_table(conn, dsn: str, lake_root: str, monkeypatch, t: str, ddl: str, rows: str,
+                 registration: str = "") -> None:
+    """Table `t` of columns `ddl` holding `rows`, registered (with `registration`'s further arguments)
+    and loaded by an export, which the rest of the test runs with `dsn`."""
+    conn.execute(f"CREATE TABLE {t} ({ddl})")
+    conn.execute(f"INSERT INTO {t} {rows}")
+    conn.execute(f"SELECT coldharbor.register_table(%s{registration})", (t,))
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", dsn)
+    assert export_job.main(["--table", t, "--lake-root", lake_root]) == 0
+
+
 def tiered_with_evicted_rows(conn, dsn: str, lake_root: str, monkeypatch, t: str, ddl: str, rows: str,
                              evicted: str, evicted_count: int) -> int:
     """Table `t` holding `rows`, registered with a hot retention of 30 days and loaded, then holding
     `evicted` too, exported and evicted (their changes made 40 days old); returns its table_id."""
-    conn.execute(f"CREATE TABLE {t} ({ddl})")
-    conn.execute(f"INSERT INTO {t} {rows}")
-    conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => interval '30 days')", (t,))
-    monkeypatch.setenv("COLDHARBOR_PG_DSN", dsn)
-    assert export_job.main(["--table", t, "--lake-root", lake_root]) == 0
+    loaded_table(conn, dsn, lake_root, monkeypatch, t, ddl, rows, ", p_hot_retention => interval '30 days'")
     conn.execute(f"INSERT INTO {t} {evicted}")
     assert export_job.main(["--table", t, "--lake-root", lake_root]) == 0
     [table_id] = conn.execute("SELECT table_id FROM coldharbor.tables WHERE table_name = %s", (t,)).fetchone()
@@ -321,11 +328,8 @@ def test_a_new_relation_s_base_killed_midway_is_finished_under_another_partition
     registration's partitioning: `DELTA_PARTITION_COLUMN_NOT_FOUND`, every export and resync refused
     for good. The fence takes the lake table's own now."""
     t = table_name
-    pg_conn.execute(f"CREATE TABLE {t} (id bigint PRIMARY KEY, customer text)")
-    pg_conn.execute(f"INSERT INTO {t} SELECT g, 'c' || g FROM generate_series(1, 120) g")
-    pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
-    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
-    assert export_job.main(["--table", t, "--lake-root", lake_root]) == 0
+    loaded_table(pg_conn, pg_dsn, lake_root, monkeypatch, t, "id bigint PRIMARY KEY, customer text",
+                 "SELECT g, 'c' || g FROM generate_series(1, 120) g")
     pg_conn.execute(f"DROP TABLE {t}")
     pg_conn.execute(f"CREATE TABLE {t} (k text, r integer, v text, PRIMARY KEY (k, r))")
     pg_conn.execute(f"INSERT INTO {t} SELECT 'k' || g, g % 3, 'v' FROM generate_series(1, 90) g")
@@ -352,10 +356,11 @@ KEY_CHANGES = [
 def test_a_table_registered_again_with_another_primary_key_is_rebased_and_exact(
         spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog, old_key, new_key, before, after):
     """Registering the same table again after its primary key changed took the new key and nothing
-    else: the lake's rows (settled by compaction) stayed keyed by the old key, so with (a, b) -> (a)
-    the delete markers of (a, 2) hid the live rows (a, 1) from every report, and the changes logged
-    under (a) -> (a, b) had no b to be exported by. Now the registration asks for a base that
-    replaces the lake's rows, and as-of history starts again there."""
+    else: the lake's rows stayed keyed by the old key, so with (a) -> (a, b) the rows the table gained
+    under the new key never reached the lake (the changes logged under (a) have no b), and with
+    (a, b) -> (a) an as-of report before the change was answered with (a, 1) and (a, 2) ranked as
+    one key. Now the registration asks for a base that replaces the lake's rows, and as-of history
+    starts again there."""
     name = table_name + HOSTILE
     t = f"public.{quoted(name)}"
     rows = "SELECT g, 1, 'v' || g FROM generate_series(1, 120) g" if old_key == "a" else \

@@ -18,6 +18,17 @@ from coldharbor import migrate, pg  # noqa: E402
 from coldharbor.stack import Logins, throwaway_server  # noqa: E402
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The run stops at the first test after which this process's Spark JVM is gone (see
+    tests/jvm_watch.py): every later test would only fail on it, slowly."""
+    from tests import jvm_watch
+
+    status = jvm_watch.exit_status()
+    if status is not None:
+        pytest.exit(f"stopped after {item.nodeid}: {jvm_watch.report(status)}", returncode=3)
+
+
 @pytest.fixture(scope="session")
 def pg_logins(tmp_path_factory) -> Iterator[Logins]:
     """A fresh embedded PostgreSQL 18 on 127.0.0.1 with the coldharbor schema migrated."""
@@ -89,7 +100,10 @@ def spark():
     session = get_session("coldharbor-tests")
     session.sparkContext.setLogLevel("ERROR")
     yield session
-    session.stop()
+    from tests import jvm_watch
+
+    if jvm_watch.exit_status() is None:  # a dead JVM was reported already
+        session.stop()
 
 
 @pytest.fixture(scope="session")

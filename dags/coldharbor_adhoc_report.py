@@ -5,7 +5,8 @@ registered tables, a target table named adhoc_* (a chosen report writes there to
 scheduled table), a mode and optionally a time to answer as of. The form's JSON schema refuses
 malformed values before a run is created. The form checks each field on its own, so giving both a
 report and SQL, or neither, is refused by the run before spark-submit starts, with one clear line;
-so is SQL that is not one SELECT on the report sandbox's allow-list.
+so is SQL that is not one SELECT on the report sandbox's allow-list. A time to answer as of that the
+lake does not hold yet waits for the export that brings it in (wait_for_lake).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from airflow.sdk import Param, dag
 from coldharbor_airflow.operators import ColdharborSparkJobOperator
 from coldharbor_airflow.params import whole
 from coldharbor_airflow.reports import report_specs
-from coldharbor_common import SPARK_POOL, START, default_args
+from coldharbor_airflow.sensors import LakeCoversAsOfSensor
+from coldharbor_common import SPARK_POOL, START, as_of_wait, default_args
 
 # Both or neither of report and SQL reach the job as given: its command line refuses either case
 # (one of --report/--sql, never both) before a JVM starts.
@@ -54,7 +56,8 @@ ARGS = (
     doc_md=__doc__,
 )
 def coldharbor_adhoc_report():
-    ColdharborSparkJobOperator(task_id="serve", job="serve_report.py", job_args=ARGS, pool=SPARK_POOL)
+    wait = LakeCoversAsOfSensor(task_id="wait_for_lake", job_args=ARGS, **as_of_wait())
+    wait >> ColdharborSparkJobOperator(task_id="serve", job="serve_report.py", job_args=ARGS, pool=SPARK_POOL)
 
 
 coldharbor_adhoc_report()

@@ -43,3 +43,20 @@ def export_schedule() -> str | CronDataIntervalTimetable:
     if cadence == "continuous":
         return "@continuous"
     return CronDataIntervalTimetable("* * * * *", timezone="UTC")
+
+
+AS_OF_WAIT_ENV = "COLDHARBOR_AS_OF_WAIT_S"
+
+
+def as_of_wait() -> dict:
+    """How a report run waits for the export that brings its as-of instant into the lake: the
+    sensor's timeout from COLDHARBOR_AS_OF_WAIT_S (read where the DAG is parsed; default 15 minutes,
+    fifteen of the per-minute exports) and a poke every thirtieth of it, between 1 and 30 seconds."""
+    raw = os.environ.get(AS_OF_WAIT_ENV, "900")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 86400:
+        raise ValueError(f"{AS_OF_WAIT_ENV}={raw!r} is not a number of seconds between 0 and 86400")
+    return {"timeout": seconds, "poke_interval": min(30.0, max(1.0, seconds / 30))}

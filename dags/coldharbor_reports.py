@@ -4,7 +4,8 @@ Every run serves its interval's report as of the interval's end (an as-of read: 
 PostgreSQL at that time), so a backfill of a past interval gives that interval's report. With a
 `start:` in the header the DAG catches up every interval from then (keep it inside the history
 window); without one it runs forward only. A run whose interval end is not in the lake yet
-fails and is retried after the next export. A run triggered by hand without a logical date (the
+(changes before it still to be exported) waits for the export that brings it in (wait_for_lake,
+up to $COLDHARBOR_AS_OF_WAIT_S seconds) before `serve` starts. A run triggered by hand without a logical date (the
 UI's Trigger button) has no interval and serves the report as of now.
 """
 
@@ -15,7 +16,8 @@ from datetime import datetime, time, timedelta, timezone
 from airflow.sdk import Param, dag
 from coldharbor_airflow.operators import ColdharborSparkJobOperator
 from coldharbor_airflow.reports import param_default, param_schema, report_specs
-from coldharbor_common import SPARK_POOL, START, default_args
+from coldharbor_airflow.sensors import LakeCoversAsOfSensor
+from coldharbor_common import SPARK_POOL, START, as_of_wait, default_args
 
 
 def report_dag(spec):
@@ -43,7 +45,8 @@ def report_dag(spec):
                f"```sql\n{spec.sql}\n```",
     )
     def serve():
-        ColdharborSparkJobOperator(task_id="serve", job="serve_report.py", job_args=args, pool=SPARK_POOL)
+        wait = LakeCoversAsOfSensor(task_id="wait_for_lake", job_args=args, **as_of_wait())
+        wait >> ColdharborSparkJobOperator(task_id="serve", job="serve_report.py", job_args=args, pool=SPARK_POOL)
 
     return serve()
 

@@ -14,10 +14,12 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+import psycopg
+from psycopg import sql
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from coldharbor import registry
+from coldharbor import base_load, hot_reader, registry
 from coldharbor.base_load import RebaseWindow
 from coldharbor.errors import ReportError
 from coldharbor.hot_snapshot import HotSnapshot, HotTable
@@ -65,6 +67,28 @@ def refuse_table_as_of(as_of: datetime, hot: HotTable) -> None:
     if hot.unexported_since is not None and hot.unexported_since <= as_of:
         raise ReportError(f"as-of {as_of.isoformat()} is not in the lake yet: {name} has changes from "
                           f"{hot.unexported_since.isoformat()} that are not exported; retry after the next export")
+
+
+def waiting_for_export(conn: psycopg.Connection, tables: Sequence[RegisteredTable], as_of: datetime) -> str | None:
+    """What keeps `as_of` out of the lake that the next export brings in, as one line (None: nothing
+    does): a change committed at or before it still dirty, or a base (the initial load, or a rebase's)
+    not landed yet. A report run waits on this instead of being refused and retried; every other
+    refusal is `check_as_of`'s, when the report runs."""
+    change_time = hot_reader.change_time(conn)
+    waiting = []
+    for table in tables:
+        if base_load.load_state(conn, table.table_id).pending:
+            waiting.append(f"{table.qualified_name}: its base (initial load or rebase) is not in the lake yet")
+            continue
+        oldest = conn.execute(sql.SQL(
+            "SELECT min({change_time}) FROM coldharbor.change_log WHERE table_id = {table_id} "
+            "AND flushed_at IS NULL").format(change_time=change_time, table_id=sql.Literal(table.table_id))
+        ).fetchone()[0]
+        if oldest is not None and oldest <= as_of:
+            waiting.append(f"{table.qualified_name}: changes from {oldest.isoformat()} are not exported yet")
+    if not waiting:
+        return None
+    return f"as-of {as_of.isoformat()} is not in the lake yet; " + "; ".join(waiting)
 
 
 def rebase_refusal(as_of: datetime, table: RegisteredTable, window: RebaseWindow) -> str:

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 import psycopg
 
 from coldharbor import hot_reader, pg, registry, registry_cache, report_runs, report_spec, settings
+from coldharbor.as_of import waiting_for_export
 from coldharbor.errors import ColdharborError, PostgresUnavailableError, ReportError
 from coldharbor.job_main import EXIT_UNFORESEEN, configure_logging, keep_traceback, unexpected
 from coldharbor.report_runs import RunRecord
@@ -133,6 +134,27 @@ def refusal(argv: list[str], dsn: str) -> str | None:
             _record_failure(conn, record, str(exc))
             return str(exc)
     return None
+
+
+def waiting_for(argv: list[str], dsn: str) -> str | None:
+    """For a caller that waits before it runs the report (the report DAGs' wait_for_lake sensor):
+    what keeps the report's as-of instant out of the lake until an export brings it in, as one line,
+    or None when nothing does. A report that would be refused, a run without an as-of, and a lost
+    PostgreSQL are not waited for: the report's run decides those (and records them)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:
+        return None
+    try:
+        config = build_config(args, args.run_id or default_run_id(args.report or "adhoc"))
+        if config.as_of is None:
+            return None
+        with pg.connect(dsn) as conn:
+            tables = validate_report(config.report, registry.load(conn)).tables
+            registry.require_present(tables)
+            return waiting_for_export(conn, tables, config.as_of)
+    except (ColdharborError, psycopg.OperationalError):
+        return None
 
 
 def main(argv: list[str]) -> int:

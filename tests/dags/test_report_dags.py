@@ -115,6 +115,86 @@ def test_a_backfilled_interval_is_served_as_of_its_end(airflow_home, spark, pg_d
     assert interval_end < datetime.now(timezone.utc) - timedelta(seconds=2)
 
 
+def changed_before_interval_end(spark, pg_dsn, pg_conn, table_name: str, tmp_path, monkeypatch,
+                                wait_s: int) -> tuple[str, str, datetime]:
+    """A report over an exported table, rows of which changed just before the interval's end and are
+    not exported; the report DAGs wait up to `wait_s` for an export. (report, lake root, interval end)."""
+    monkeypatch.setenv("COLDHARBOR_AS_OF_WAIT_S", str(wait_s))
+    name, lake_root = report_over_new_table(pg_conn, table_name, tmp_path, monkeypatch, "before")
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'changed' WHERE id <= 5")
+    time.sleep(1.5)
+    return name, lake_root, datetime.now(timezone.utc).replace(microsecond=0)
+
+
+def test_a_run_whose_interval_end_is_not_in_the_lake_waits_for_the_export_that_brings_it(
+        airflow_home, spark, pg_dsn, pg_conn, table_name, tmp_path, monkeypatch):
+    """Without the wait, the run was refused ("not in the lake yet") and retried a minute later,
+    three times, then failed for good if no export had come. Now wait_for_lake holds the run until
+    an export covers the interval's end; serve then runs once, exact."""
+    import threading
+
+    name, lake_root, interval_end = changed_before_interval_end(spark, pg_dsn, pg_conn, table_name, tmp_path,
+                                                                monkeypatch, wait_s=300)
+    expected = pg_rows(pg_conn, f"SELECT id, v FROM {table_name} WHERE id > 3", ["id"])
+    time.sleep(1.5)
+    pg_conn.execute(f"DELETE FROM {table_name} WHERE id = 9")  # after the interval: not in its report
+
+    exported_at = []
+
+    def export_later():
+        time.sleep(12)
+        export(spark, pg_dsn, table_name, lake_root)
+        exported_at.append(datetime.now(timezone.utc))
+
+    exporter = threading.Thread(target=export_later)
+    exporter.start()
+    try:
+        run = dagbag().dags[f"coldharbor_report_{name}"].test(logical_date=interval_end, run_conf={"floor": 3})
+    finally:
+        exporter.join()
+    states = {ti.task_id: (ti.state, ti.try_number) for ti in run.get_task_instances()}
+    assert run.state == "success" and states["serve"] == ("success", 1), states
+    assert pg_rows(pg_conn, f"SELECT * FROM reports.{name}", ["id"]) == expected
+    [(state, started)] = pg_conn.execute("SELECT state, started_at FROM coldharbor.report_runs WHERE report = %s",
+                                         (name,)).fetchall()
+    assert state == "succeeded" and started > exported_at[0], "serve started before the export it waited for"
+
+
+def test_a_run_gives_up_waiting_naming_the_table_and_serves_nothing(
+        airflow_home, spark, pg_dsn, pg_conn, table_name, tmp_path, monkeypatch):
+    from airflow.sdk.exceptions import AirflowSensorTimeout
+    from coldharbor_airflow.sensors import LakeCoversAsOfSensor
+
+    name, lake_root, interval_end = changed_before_interval_end(spark, pg_dsn, pg_conn, table_name, tmp_path,
+                                                                monkeypatch, wait_s=4)
+
+    run = dagbag().dags[f"coldharbor_report_{name}"].test(logical_date=interval_end, run_conf={"floor": 3})
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert run.state == "failed" and states == {"wait_for_lake": "failed", "serve": "upstream_failed"}, states
+    assert pg_conn.execute("SELECT count(*) FROM coldharbor.report_runs WHERE report = %s",
+                           (name,)).fetchone()[0] == 0
+    assert pg_conn.execute("SELECT to_regclass(%s)", (f"reports.{name}",)).fetchone()[0] is None
+
+    sensor = LakeCoversAsOfSensor(task_id="wait", mode="poke", timeout=2, poke_interval=1, lake_root=lake_root,
+                                  job_args=["--report", name, "--as-of", interval_end.isoformat()])
+    with pytest.raises(AirflowSensorTimeout) as gave_up:
+        sensor.execute({})
+    assert str(gave_up.value).startswith(
+        f"gave up after 0:00:02 of waiting for an export: as-of {interval_end.isoformat()} is not in the lake yet; "
+        f"public.{table_name}: changes from "), gave_up.value
+    assert "is the coldharbor_cdc DAG running and succeeding?" in str(gave_up.value)
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "1e9", "nan"])
+def test_a_wait_that_is_no_number_of_seconds_is_an_import_error_naming_it(airflow_home, monkeypatch, value):
+    monkeypatch.setenv("COLDHARBOR_AS_OF_WAIT_S", value)
+    bag = dagbag()
+    assert {"coldharbor_report_demo_orders_by_status", "coldharbor_adhoc_report"}.isdisjoint(bag.dags)
+    errors = "\n".join(bag.import_errors.values())
+    assert f"COLDHARBOR_AS_OF_WAIT_S={value!r} is not a number of seconds between 0 and 86400" in errors, errors
+
+
 def test_a_run_triggered_by_hand_serves_the_report_now(airflow_home, spark, pg_dsn, pg_conn, table_name,
                                                         tmp_path, monkeypatch):
     """The UI's Trigger button makes a run without a logical date: no interval, so no as-of."""

@@ -15,7 +15,7 @@ SPARK_SUBMIT = $(BIN)/spark-submit --master local[2] \
 	--packages $$($(BIN)/python -c 'from coldharbor.spark import maven_packages; print(",".join(maven_packages()))') \
 	--conf spark.jars.ivy=$(COLDHARBOR_IVY_DIR) --conf spark.ui.enabled=false
 
-.PHONY: run test setup browser compose-client minio stop export compact cleanup bench consistency clean
+.PHONY: run test setup browser compose-client minio stop export compact cleanup changes bench consistency clean
 
 # MinIO for the s3a lake tests, built from the Go module proxy (a pinned commit).
 MINIO_MODULE := github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c
@@ -34,6 +34,9 @@ compact: setup                     ## compact every registered table's lake file
 
 cleanup: setup                     ## evict, VACUUM, prune the change log (add ARGS=--dry-run to look first)
 	set -a && . $(DATA)/coldharbor.env && set +a && $(SPARK_SUBMIT) jobs/cleanup.py $(ARGS)
+
+changes: setup                     ## a table's change feed to a report table (ARGS="--table T --from X --to Y --target changes_n")
+	set -a && . $(DATA)/coldharbor.env && set +a && $(SPARK_SUBMIT) jobs/changes.py $(ARGS)
 
 consistency: setup                 ## the consistency suite's long profile (SEEDS=20 STEPS=40 ENGINE=spark-submit|connect): one summary line
 	cd $(CURDIR) && PYTHONPATH=$(CURDIR)/jobs:$(CURDIR) $(BIN)/python -m tests.consistency.long_run \

@@ -126,7 +126,14 @@ def rebase_refusal(as_of: datetime, table: RegisteredTable, window: RebaseWindow
 
 
 def lake_as_of(rows: DataFrame, columns: Sequence[LakeColumn], as_of: datetime, table: str) -> DataFrame:
-    """The table as of `as_of` from its lake rows, or ReportError when the lake cannot know it.
+    """The table as of `as_of` from its lake rows, or ReportError when the lake cannot know it
+    (`refuse_inexact`)."""
+    refuse_inexact(rows, as_of, table)
+    return rows.transform(cold_live(columns, as_of))
+
+
+def refuse_inexact(rows: DataFrame, as_of: datetime, table: str) -> None:
+    """ReportError when lake rows `rows` hold no exact state of `table` at `as_of`.
 
     An export writes one image per key for all of the key's changes since the previous export; a
     key changed more than once in that time has no lake version for the instants between its first
@@ -147,4 +154,3 @@ def lake_as_of(rows: DataFrame, columns: Sequence[LakeColumn], as_of: datetime, 
     else:
         log.warning("%s: lake rows written before %s existed; as-of answers inside a span of changes exported "
                     "together cannot be told apart", table, FIRST_CHANGED_AT)
-    return rows.transform(cold_live(columns, as_of))

@@ -36,7 +36,8 @@ from coldharbor_airflow.hooks import DEFAULT_CONN_ID, ColdharborHook
 from coldharbor_airflow.paths import JOBS_DIR, import_jobs_package
 
 LAKE_ROOT_VARIABLE = "coldharbor_lake_root"
-JOBS = ("cdc_export.py", "compact.py", "cleanup.py", "purge.py", "serve_report.py", "resync.py", "verify.py")
+JOBS = ("cdc_export.py", "compact.py", "cleanup.py", "purge.py", "serve_report.py", "resync.py", "verify.py",
+        "changes.py")
 # What prepared_submit sets for one run and puts back afterwards.
 _PREPARED_FIELDS = ("application_args", "packages", "conf", "env_vars", "files", "py_files")
 

@@ -1,0 +1,206 @@
+"""The change feed (jobs/changes.py) against real PostgreSQL and Spark + Delta: the feed between two
+points is the net difference of PostgreSQL's table at those points, windows compose, `now` takes
+the still-dirty changes from PostgreSQL, and every refusal is one line with nothing written."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import pytest
+
+from coldharbor import changes
+from coldharbor import export as export_job
+from tests.helpers import pg_rows
+
+HOSTILE = ' "q\'s" <b>ü'  # quotes of each kind, spaces, HTML and a non-ASCII letter
+KEYS = ["id", "k"]
+COLUMNS = ["id", "k", "v", "n"]
+
+
+def quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def instant(conn) -> datetime:
+    """Now, on PostgreSQL's clock, with no commit at the same instant."""
+    time.sleep(0.05)
+    at = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+    time.sleep(0.05)
+    return at
+
+
+def state(conn, t: str) -> dict:
+    return pg_rows(conn, f"SELECT id, k, v, n FROM {t}", KEYS)
+
+
+def expected_feed(before: dict, after: dict) -> set:
+    """(change type, row) of each net change from `before` to `after`."""
+    rows = set()
+    for key in before.keys() | after.keys():
+        old, new = before.get(key), after.get(key)
+        if old is None:
+            rows.add(("insert", *new.values()))
+        elif new is None:
+            rows.add(("delete", *old.values()))
+        elif old != new:
+            rows.update({("update_preimage", *old.values()), ("update_postimage", *new.values())})
+    return rows
+
+
+def apply(table: dict, feed: set) -> dict:
+    result = dict(table)
+    for kind, *row in sorted(feed, key=lambda r: r[0] != "delete" and r[0] != "update_preimage"):
+        key = tuple(row[COLUMNS.index(k)] for k in KEYS)
+        if kind in ("delete", "update_preimage"):
+            assert result.pop(key) == dict(zip(COLUMNS, row)), (kind, row)
+        else:
+            assert key not in result, (kind, row)
+            result[key] = dict(zip(COLUMNS, row))
+    return result
+
+
+def feed(monkeypatch, pg_dsn, pg_conn, lake_root, name: str, start, end, target: str) -> set:
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    point = (lambda p: p.isoformat() if isinstance(p, datetime) else str(p))
+    assert changes.main(["--table", f"public.{name}", "--from", point(start), "--to", point(end),
+                         "--target", target, "--lake-root", lake_root]) == 0
+    rows = pg_conn.execute(f"SELECT _change_type, id, k, v, n, _change_seq, _commit_timestamp "
+                           f"FROM reports.{target}").fetchall()
+    assert all(seq is not None and at is not None for *_, seq, at in rows), rows
+    found = {(kind, *pg_rows_values(values)) for kind, *values, _, _ in rows}
+    assert len(found) == len(rows), "a change twice in the feed"
+    return found
+
+
+def pg_rows_values(values: list) -> tuple:
+    from tests.helpers import _normal
+
+    return tuple(_normal(v) for v in values)
+
+
+def exported(pg_dsn, lake_root, name) -> None:
+    assert export_job.main(["--table", f"public.{name}", "--lake-root", lake_root]) == 0
+
+
+def lake_version(spark, lake_root, name) -> int:
+    from delta.tables import DeltaTable
+
+    return DeltaTable.forPath(spark, f"{lake_root}/public/{name}").history(1).first()["version"]
+
+
+def test_the_feed_is_the_net_difference_of_postgres_and_windows_compose(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
+    name = table_name + HOSTILE
+    t = f"public.{quoted(name)}"
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    pg_conn.execute(f"CREATE TABLE {t} (id bigint, k text, v text, n numeric(12,2), PRIMARY KEY (id, k))")
+    pg_conn.execute(f"INSERT INTO {t} SELECT g, CASE WHEN g %% 2 = 0 THEN %s ELSE 'k' END, 'v' || g, g * 1.25 "
+                    "FROM generate_series(1, 40) g", (HOSTILE + "\n; DROP TABLE x",))
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
+    exported(pg_dsn, lake_root, name)  # the initial load
+    p0, s0 = instant(pg_conn), state(pg_conn, t)
+
+    pg_conn.execute(f"UPDATE {t} SET v = v || ' changed', n = n + 1 WHERE id % 5 = 0")
+    pg_conn.execute(f"DELETE FROM {t} WHERE id IN (3, 7)")
+    pg_conn.execute(f"INSERT INTO {t} VALUES (100, 'new', 'inserted', NULL), (101, 'new', NULL, 0)")
+    pg_conn.execute(f"UPDATE {t} SET v = 'back and forth' WHERE id = 11")
+    pg_conn.execute(f"UPDATE {t} SET v = 'v11' WHERE id = 11")  # net: no change
+    exported(pg_dsn, lake_root, name)
+    v1 = lake_version(spark, lake_root, name)
+    p1, s1 = instant(pg_conn), state(pg_conn, t)
+
+    pg_conn.execute(f"DELETE FROM {t} WHERE id = 100")
+    pg_conn.execute(f"INSERT INTO {t} VALUES (100, 'new', 'again', 7)")  # deleted and back: an update
+    pg_conn.execute(f"INSERT INTO {t} VALUES (200, 'brief', 'gone soon', 1)")
+    pg_conn.execute(f"DELETE FROM {t} WHERE id = 200")  # inserted and deleted: nothing
+    pg_conn.execute(f"UPDATE {t} SET n = NULL WHERE id = 12")
+    exported(pg_dsn, lake_root, name)
+    v2 = lake_version(spark, lake_root, name)
+    p2, s2 = instant(pg_conn), state(pg_conn, t)
+
+    pg_conn.execute(f"UPDATE {t} SET v = 'dirty' WHERE id IN (1, 2, 100)")
+    pg_conn.execute(f"DELETE FROM {t} WHERE id = 101")
+    pg_conn.execute(f"INSERT INTO {t} VALUES (300, 'dirty', 'not exported', 3)")
+    s3 = state(pg_conn, t)
+
+    def of(start, end, target):
+        return feed(monkeypatch, pg_dsn, pg_conn, lake_root, name, start, end, f"changes_{target}")
+
+    f01, f12, f02 = of(p0, p1, "a"), of(p1, p2, "b"), of(p0, p2, "c")
+    assert f01 == expected_feed(s0, s1) and f12 == expected_feed(s1, s2) and f02 == expected_feed(s0, s2)
+    assert {r[0] for r in f01} == {"insert", "delete", "update_preimage", "update_postimage"}
+    assert apply(apply(s0, f01), f12) == apply(s0, f02) == s2
+    assert of(p2, "now", "d") == expected_feed(s2, s3)
+    assert of(p0, "now", "e") == expected_feed(s0, s3)
+    assert of(v1, v2, "f") == f12, "a lake version stands for the newest change it holds"
+    assert of(p1, v2, "g") == f12
+
+
+@pytest.fixture()
+def busy_table(pg_conn, pg_dsn, table_name, lake_root, monkeypatch):
+    """A loaded table with one export after its load, whose key 1 changed twice in that export."""
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, k text, v text, n numeric(12,2))")
+    pg_conn.execute(f"INSERT INTO {table_name} SELECT g, 'k', 'v', g FROM generate_series(1, 10) g")
+    before_registration = instant(pg_conn)
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    exported(pg_dsn, lake_root, table_name)
+    loaded = instant(pg_conn)
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'first' WHERE id = 1")
+    between = instant(pg_conn)
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'second' WHERE id = 1")
+    exported(pg_dsn, lake_root, table_name)
+    return {"before registration": before_registration, "loaded": loaded, "between": between,
+            "exported": instant(pg_conn)}
+
+
+@pytest.mark.parametrize("window, target, refusal", [
+    (("exported", "loaded"), "changes_x", "is not before --to"),
+    (("before registration", "exported"), "changes_x", "--from: as-of {before registration} is before public."),
+    (("loaded", "between"), "changes_x", "--to: as-of {between} cannot be answered exactly for public."),
+    (("loaded", "99"), "changes_x", "does not exist; its newest is 1"),
+    (("yesterday", "now"), "changes_x", "--from 'yesterday' is neither a lake version"),
+    (("now", "now"), "changes_x", "--from cannot be now"),
+    (("loaded", "now"), "adhoc_x", "a change feed writes a table named changes_<name>"),
+    (("loaded", "now"), "changes_X; DROP TABLE y", "is not allowed: use lower-case letters"),
+], ids=["reversed", "before its load", "inside a span", "no such version", "not a time", "from now",
+        "another target", "hostile target"])
+def test_a_window_that_cannot_be_answered_is_one_line_and_writes_nothing(
+        spark, pg_conn, table_name, lake_root, busy_table, caplog, capsys, window, target, refusal):
+    points = [busy_table[p].isoformat() if p in busy_table else p for p in window]
+    code = changes.main(["--table", table_name, "--from", points[0], "--to", points[1], "--target", target,
+                         "--lake-root", lake_root])
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    expected = refusal.format(**{p: busy_table[p].isoformat() for p in busy_table})
+    assert code == 2 and len(errors) == 1 and expected in errors[0], errors
+    assert "\n" not in errors[0] and "Traceback" not in caplog.text + capsys.readouterr().err
+    assert pg_conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'reports' "
+                           "AND tablename IN ('changes_x', 'adhoc_x')").fetchone()[0] == 0
+
+
+def test_an_unknown_table_and_a_column_named_as_the_feed_s_own_are_refused(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog):
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, _change_type text)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    exported(pg_dsn, lake_root, table_name)
+    for table, message in ((table_name, "has a column named _change_type"), ("t_no_such_table", "t_no_such_table")):
+        caplog.clear()
+        code = changes.main(["--table", table, "--from", "0", "--to", "now", "--target", "changes_y",
+                             "--lake-root", lake_root])
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert code == 2 and len(errors) == 1 and message in errors[0], errors
+    assert pg_conn.execute("SELECT to_regclass('reports.changes_y')").fetchone()[0] is None
+
+
+def test_the_job_runs_under_spark_submit(pg_dsn, pg_conn, table_name, lake_root, busy_table):
+    from tests.helpers import spark_submit
+
+    done = spark_submit("changes.py", pg_dsn, lake_root, "--table", table_name, "--from",
+                        busy_table["loaded"].isoformat(), "--target", f"changes_{table_name}")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert (f"public.{table_name}: 2 change feed rows in reports.changes_{table_name} (0 insert, 0 delete, "
+            "1 update_preimage, 1 update_postimage)") in done.stdout, done.stdout[-3000:]
+    assert pg_conn.execute(f"SELECT _change_type, v FROM reports.changes_{table_name} ORDER BY 1").fetchall() == [
+        ("update_postimage", "second"), ("update_preimage", "v")]

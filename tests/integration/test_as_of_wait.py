@@ -7,6 +7,7 @@ import time
 from datetime import datetime, timezone
 
 from coldharbor.serve_cli import waiting_for
+
 from tests.helpers import export
 
 HOSTILE = ' "q\'s" <b>ü'  # quotes of each kind, spaces, HTML and a non-ASCII letter

@@ -20,13 +20,14 @@ from coldharbor.stack import Logins, throwaway_server  # noqa: E402
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
-    """The run stops at the first test after which this process's Spark JVM is gone (see
-    tests/jvm_watch.py): every later test would only fail on it, slowly."""
+    """The run stops at the first test after which this process's Spark JVM is gone or does not
+    answer (see tests/jvm_watch.py): every later test would only fail on it, slowly."""
     from tests import jvm_watch
 
     status = jvm_watch.exit_status()
-    if status is not None:
-        pytest.exit(f"stopped after {item.nodeid}: {jvm_watch.report(status)}", returncode=3)
+    why = jvm_watch.unanswered() if status is None else None
+    if status is not None or why is not None:
+        pytest.exit(f"stopped after {item.nodeid}: {jvm_watch.report(status, why)}", returncode=3)
 
 
 @pytest.fixture(scope="session")
@@ -102,7 +103,7 @@ def spark():
     yield session
     from tests import jvm_watch
 
-    if jvm_watch.exit_status() is None:  # a dead JVM was reported already
+    if jvm_watch.exit_status() is None and jvm_watch.unanswered() is None:  # else reported already
         session.stop()
 
 

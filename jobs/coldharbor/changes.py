@@ -10,8 +10,9 @@ A point is an instant (ISO 8601), a lake version of the table (a number: the ins
 change that version holds) or, for `--to`, `now`: the lake plus the still-dirty changes, read from
 PostgreSQL in one snapshot as the export would read them. Each instant must be one an as-of report
 could answer (inside the history window, from the table's initial load on, outside every rebase
-window, not inside a span of changes one export wrote as one image); otherwise the job refuses,
-naming the nearest usable instants, and writes nothing.
+window, not inside a span of changes one export wrote as one image), and the window must hold no
+rebase; otherwise the job refuses, naming the nearest usable instants, and writes nothing. The
+feed is in the table's current columns (one added since reads NULL before it existed).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from coldharbor import (
     table_reader,
 )
 from coldharbor.as_of import check_as_of, refuse_inexact
+from coldharbor.base_load import RebaseWindow
 from coldharbor.errors import ConfigError, ReportError
 from coldharbor.hot_snapshot import HotSnapshot
 from coldharbor.job_main import one_table, run_job
@@ -85,13 +87,15 @@ def parse_point(raw: str, flag: str, now_allowed: bool) -> int | datetime | None
         if not now_allowed:
             raise ConfigError(f"{flag} cannot be now: the window starts at a lake version or a time")
         return None
-    if re.fullmatch(r"\d{1,18}", text):
+    if re.fullmatch(r"[0-9]+", text):
         return int(text)
     try:
         instant = datetime.fromisoformat(text)
     except ValueError:
-        raise ConfigError(f"{flag} {raw!r} is neither a lake version (a number), an ISO-8601 time "
-                          f"(e.g. 2026-11-22T06:00:00Z){' nor now' if now_allowed else ''}") from None
+        kinds = ("a lake version (a whole number from 0), an ISO-8601 time (e.g. 2026-11-22T06:00:00Z) or now"
+                 if now_allowed else "a lake version (a whole number from 0) nor an ISO-8601 time "
+                                     "(e.g. 2026-11-22T06:00:00Z)")
+        raise ConfigError(f"{flag} {raw!r} is {'not' if now_allowed else 'neither'} {kinds}") from None
     return instant if instant.tzinfo else instant.replace(tzinfo=timezone.utc)
 
 
@@ -151,8 +155,11 @@ def net_changes(rows: DataFrame, columns: Sequence[LakeColumn], start: datetime,
     now = column("_n_seq").isNotNull() & ~column("_n_deleted")
     moved = ~column("_o_seq").eqNullSafe(column("_n_seq"))
     same = F.lit(True)
-    for i in range(len(columns)):
-        same = same & column(f"_o{i}").eqNullSafe(column(f"_n{i}"))
+    for i, c in enumerate(columns):
+        old, new = column(f"_o{i}"), column(f"_n{i}")
+        if c.lake_type in ("FLOAT", "DOUBLE"):  # Spark's = holds -0.0 equal to 0.0; their texts differ
+            old, new = old.cast("string"), new.cast("string")
+        same = same & old.eqNullSafe(new)
 
     def rows_of(tag: str, kind: str, where) -> DataFrame:
         return joined.filter(moved & where).select(
@@ -186,12 +193,26 @@ def check_point(instant: datetime, snapshot: HotSnapshot, flag: str) -> None:
         raise ReportError(f"{flag}: {exc}") from None
 
 
+def refuse_rebase_inside(table: RegisteredTable, windows: Sequence[RebaseWindow], start: datetime,
+                         end: datetime) -> None:
+    """ConfigError when (start, end] holds a rebase: DDL changed the rows (a default filled in, a
+    rewrite, a rename) without a change of its own, and the base that followed wrote every key again,
+    so the feed could not tell the table's changes from what the DDL did."""
+    for window in windows:
+        if window.starts_at <= end and (window.settled_at is None or start < window.settled_at):
+            settled = window.settled_at.isoformat() if window.settled_at else "its new base (the next export)"
+            raise ConfigError(f"the window ({start.isoformat()}, {end.isoformat()}] holds a rebase of "
+                              f"{table.qualified_name} ({registry.one_line(window.reason)}): DDL changed its rows "
+                              "without changes the feed could list; use windows that end before "
+                              f"{window.starts_at.isoformat()} or start from {settled} on")
+
+
 def read_feed(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
               config: FeedConfig) -> DataFrame:
     """The feed, computed and pinned, in one PostgreSQL snapshot (for `now`, its dirty images too)."""
     path = table.lake_path(config.lake_root)
     columns = tuple(registry.lake_columns(conn, table))
-    taken = [c.name for c in columns if c.name in (CHANGE_TYPE, CHANGE_SEQ, COMMIT_TIMESTAMP)]
+    taken = [c.name for c in columns if c.name.lower() in (CHANGE_TYPE, CHANGE_SEQ, COMMIT_TIMESTAMP)]
     if taken:
         raise ConfigError(f"{table.qualified_name} has a column named {taken[0]}, which the change feed's own "
                           "column of that name would hide; the feed of this table cannot be written")
@@ -202,10 +223,11 @@ def read_feed(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget
         pg_snapshot = table_reader.export_snapshot(conn, table)
         hot_reader.require_commit_times(conn)
         version = lake.pin_version(spark, path)  # after the snapshot: a change it saw dirty is here or dirty
+        # A missing lake table of a table whose changes were flushed: the lake root is wrong (raises).
+        snapshot = hot_snapshot.read_in_transaction(conn, {table.table_id: version}, [table])
         if version is None:
             raise ConfigError(f"{table.qualified_name} has no lake table yet: its change feed starts at its "
                               "initial load, which the next export writes")
-        snapshot = hot_snapshot.read_in_transaction(conn, {table.table_id: version}, [table])
         hot = snapshot.tables[table.table_id]
         if hot.hot_only or hot.load_pending:
             raise ReportError(f"the change feed of {table.qualified_name} cannot be read yet: its initial load or "
@@ -228,6 +250,7 @@ def read_feed(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget
             raise ConfigError(f"--from ({start.isoformat()}) is not before --to ({end.isoformat()}): the window "
                               "is empty or reversed")
         check_point(start, snapshot, "--from")
+        refuse_rebase_inside(table, hot.rebase_windows, start, end)
         for flag, instant in (("--from", start), ("--to", end)):
             try:
                 refuse_inexact(rows, instant, table.qualified_name)

@@ -11,7 +11,7 @@ import pytest
 
 from coldharbor import changes
 from coldharbor import export as export_job
-from tests.helpers import pg_rows
+from tests.helpers import _normal, pg_rows
 
 HOSTILE = ' "q\'s" <b>ü'  # quotes of each kind, spaces, HTML and a non-ASCII letter
 KEYS = ["id", "k"]
@@ -68,15 +68,9 @@ def feed(monkeypatch, pg_dsn, pg_conn, lake_root, name: str, start, end, target:
     rows = pg_conn.execute(f"SELECT _change_type, id, k, v, n, _change_seq, _commit_timestamp "
                            f"FROM reports.{target}").fetchall()
     assert all(seq is not None and at is not None for *_, seq, at in rows), rows
-    found = {(kind, *pg_rows_values(values)) for kind, *values, _, _ in rows}
+    found = {(kind, *map(_normal, values)) for kind, *values, _, _ in rows}
     assert len(found) == len(rows), "a change twice in the feed"
     return found
-
-
-def pg_rows_values(values: list) -> tuple:
-    from tests.helpers import _normal
-
-    return tuple(_normal(v) for v in values)
 
 
 def exported(pg_dsn, lake_root, name) -> None:
@@ -160,11 +154,18 @@ def busy_table(pg_conn, pg_dsn, table_name, lake_root, monkeypatch):
     (("before registration", "exported"), "changes_x", "--from: as-of {before registration} is before public."),
     (("loaded", "between"), "changes_x", "--to: as-of {between} cannot be answered exactly for public."),
     (("loaded", "99"), "changes_x", "does not exist; its newest is 1"),
-    (("yesterday", "now"), "changes_x", "--from 'yesterday' is neither a lake version"),
+    (("yesterday", "now"), "changes_x", "--from 'yesterday' is neither a lake version (a whole number from 0) nor "
+                                        "an ISO-8601 time (e.g. 2026-11-22T06:00:00Z)"),
+    (("loaded", "soon"), "changes_x", "--to 'soon' is not a lake version (a whole number from 0), an ISO-8601 "
+                                      "time (e.g. 2026-11-22T06:00:00Z) or now"),
+    (("\uff11", "now"), "changes_x", "--from '\uff11' is neither a lake version"),  # a fullwidth digit one
+    (("loaded", "99999999999999999999999"), "changes_x", "does not exist; its newest is 1"),
     (("now", "now"), "changes_x", "--from cannot be now"),
     (("loaded", "now"), "adhoc_x", "a change feed writes a table named changes_<name>"),
     (("loaded", "now"), "changes_X; DROP TABLE y", "is not allowed: use lower-case letters"),
-], ids=["reversed", "before its load", "inside a span", "no such version", "not a time", "from now",
+], ids=["reversed", "before its load", "inside a span", "no such version", "not a time", "--to not a time",
+        "not an ASCII digit",
+        "a version past any", "from now",
         "another target", "hostile target"])
 def test_a_window_that_cannot_be_answered_is_one_line_and_writes_nothing(
         spark, pg_conn, table_name, lake_root, busy_table, caplog, capsys, window, target, refusal):
@@ -204,3 +205,69 @@ def test_the_job_runs_under_spark_submit(pg_dsn, pg_conn, table_name, lake_root,
             "1 update_preimage, 1 update_postimage)") in done.stdout, done.stdout[-3000:]
     assert pg_conn.execute(f"SELECT _change_type, v FROM reports.changes_{table_name} ORDER BY 1").fetchall() == [
         ("update_postimage", "second"), ("update_preimage", "v")]
+
+
+def test_a_window_holding_a_rebase_is_refused_and_the_windows_beside_it_are_exact(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog):
+    """ADD COLUMN with a default fills every row without a change; the base after it writes every
+    key again. A feed across it listed some keys (those written in the window) and not others."""
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    t = table_name
+    pg_conn.execute(f"CREATE TABLE {t} (id bigint, k text, v text, n numeric(12,2), PRIMARY KEY (id, k))")
+    pg_conn.execute(f"INSERT INTO {t} SELECT g, 'k', 'v', 0 FROM generate_series(1, 5) g")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (t,))
+    exported(pg_dsn, lake_root, t)
+    p0, s0 = instant(pg_conn), state(pg_conn, t)
+    pg_conn.execute(f"UPDATE {t} SET v = 'tmp' WHERE id = 2")
+    exported(pg_dsn, lake_root, t)
+    p1, s1 = instant(pg_conn), state(pg_conn, t)
+    pg_conn.execute(f"ALTER TABLE {t} ADD COLUMN d text DEFAULT 'filled'")
+    pg_conn.execute(f"UPDATE {t} SET v = 'z' WHERE id = 3")
+    exported(pg_dsn, lake_root, t)
+    p2, s2 = instant(pg_conn), state(pg_conn, t)
+    pg_conn.execute(f"UPDATE {t} SET v = 'after' WHERE id = 4")
+    exported(pg_dsn, lake_root, t)
+    p3, s3 = instant(pg_conn), state(pg_conn, t)
+
+    for start, end in ((p0, p2), (p1, p3)):
+        caplog.clear()
+        assert changes.main(["--table", t, "--from", start.isoformat(), "--to", end.isoformat(), "--target",
+                             "changes_across", "--lake-root", lake_root]) == 2
+        [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert f"holds a rebase of public.{t} (" in error and "use windows that end before" in error, error
+    assert pg_conn.execute("SELECT to_regclass('reports.changes_across')").fetchone()[0] is None
+
+    def of(start, end, target):  # (id, k, v, n) of each row; column d aside
+        return {(kind, *row[:4]) for kind, *row in
+                pg_conn.execute(f"SELECT _change_type, id, k, v, n, d FROM reports.{target}").fetchall()} \
+            if changes.main(["--table", t, "--from", start.isoformat(), "--to", end.isoformat(), "--target", target,
+                             "--lake-root", lake_root]) == 0 else None
+
+    assert of(p0, p1, f"changes_{t}_a") == {(kind, *map(_normal, row)) for kind, *row in
+                                            expected_feed(s0, s1)}
+    assert of(p2, p3, f"changes_{t}_b") == {(kind, *map(_normal, row)) for kind, *row in
+                                            expected_feed(s2, s3)}
+
+
+def test_a_double_changed_from_zero_to_minus_zero_is_a_change(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                               monkeypatch):
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, x double precision)")
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 0.0), (2, 'NaN'), (3, 1.5)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    exported(pg_dsn, lake_root, table_name)
+    start = instant(pg_conn)
+    pg_conn.execute(f"UPDATE {table_name} SET x = '-0' WHERE id = 1")
+    pg_conn.execute(f"UPDATE {table_name} SET x = 'NaN' WHERE id = 2")  # the same value written again
+    assert changes.main(["--table", table_name, "--from", start.isoformat(), "--target", f"changes_{table_name}",
+                         "--lake-root", lake_root]) == 0
+    assert pg_conn.execute(f"SELECT _change_type, id, x::text FROM reports.changes_{table_name} "
+                           "ORDER BY 1").fetchall() == [("update_postimage", 1, "-0"), ("update_preimage", 1, "0")]
+
+
+def test_a_lake_root_without_the_table_s_lake_is_named_not_blamed_on_the_export(
+        spark, pg_dsn, pg_conn, table_name, lake_root, busy_table, caplog, tmp_path):
+    assert changes.main(["--table", table_name, "--from", busy_table["loaded"].isoformat(), "--target",
+                         "changes_z", "--lake-root", str(tmp_path / "elsewhere")]) == 2
+    [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "is missing, but changes of it were flushed there; the lake location is wrong" in error, error

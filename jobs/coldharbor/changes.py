@@ -142,9 +142,11 @@ def net_changes(rows: DataFrame, columns: Sequence[LakeColumn], start: datetime,
     latest = latest_per_key(keys)
     written = rows.filter((column(CHANGED_AT) > F.lit(start)) & (column(CHANGED_AT) <= F.lit(end)))
     touched = written.select(*map(column, keys)).distinct()
+    # Only the keys written in the window are ranked: the rest of the table is the same at both ends.
+    versions = rows.join(touched, on=keys, how="left_semi")
 
     def side(at: datetime, tag: str) -> DataFrame:
-        last = latest(rows.filter(column(CHANGED_AT) <= F.lit(at))).join(touched, on=keys, how="left_semi")
+        last = latest(versions.filter(column(CHANGED_AT) <= F.lit(at)))
         return last.select(*[column(k).alias(f"_k{i}") for i, k in enumerate(keys)],
                            *[column(c.name).alias(f"_{tag}{i}") for i, c in enumerate(columns)],
                            column(SEQ).alias(f"_{tag}_seq"), column(DELETED).alias(f"_{tag}_deleted"),

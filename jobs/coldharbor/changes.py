@@ -181,8 +181,14 @@ def version_instant(spark: SparkSession, table: RegisteredTable, path: str, vers
     if newest is None or version > newest:
         raise ConfigError(f"lake version {version} of {table.qualified_name} does not exist"
                           + (f"; its newest is {newest}" if newest is not None else ": nothing was exported yet"))
-    found = lake.read_version(spark, path, version).agg(
-        F.unix_micros(F.max(column(CHANGED_AT))).alias("micros")).first()["micros"]
+    try:
+        found = lake.read_version(spark, path, version).agg(
+            F.unix_micros(F.max(column(CHANGED_AT))).alias("micros")).first()["micros"]
+    except Exception as exc:
+        if not lake.files_gone(exc):
+            raise
+        raise ConfigError(f"lake version {version} of {table.qualified_name} can no longer be read (VACUUM removed "
+                          "its files); give the window's point as a time inside the history window") from exc
     if found is None:
         raise ConfigError(f"lake version {version} of {table.qualified_name} holds no change; give a later one")
     return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=found)

@@ -274,3 +274,25 @@ def test_a_lake_root_without_the_table_s_lake_is_named_not_blamed_on_the_export(
                          "changes_z", "--lake-root", str(tmp_path / "elsewhere")]) == 2
     [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert "is missing, but changes of it were flushed there; the lake location is wrong" in error, error
+
+
+def test_a_version_whose_files_were_vacuumed_is_refused_naming_times_instead(
+        spark, pg_dsn, pg_conn, table_name, lake_root, busy_table, caplog):
+    """The table rewritten whole (the same rows, as a compaction writes them), then its old files
+    removed as VACUUM removes them."""
+    from pathlib import Path
+
+    path = Path(lake_root) / "public" / table_name
+    rows = spark.read.format("delta").load(str(path))
+    rows.localCheckpoint().write.format("delta").mode("overwrite").save(str(path))
+    kept = {Path(f).name for f in spark.read.format("delta").load(str(path)).inputFiles()}
+    for old in path.rglob("*.parquet"):
+        if old.name not in kept and "_delta_log" not in old.parts:
+            old.unlink()
+    caplog.clear()
+    assert changes.main(["--table", table_name, "--from", "0", "--to", "now", "--target", "changes_v",
+                         "--lake-root", lake_root]) == 2
+    [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "lake version 0 of public." in error and "can no longer be read (VACUUM removed its files); give the " \
+        "window's point as a time" in error, error
+    assert pg_conn.execute("SELECT to_regclass('reports.changes_v')").fetchone()[0] is None

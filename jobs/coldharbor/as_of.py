@@ -71,18 +71,31 @@ def refuse_table_as_of(as_of: datetime, hot: HotTable) -> None:
 
 def waiting_for_export(conn: psycopg.Connection, tables: Sequence[RegisteredTable], as_of: datetime) -> str | None:
     """What keeps `as_of` out of the lake that the next export brings in, as one line (None: nothing
-    does): a change committed at or before it still dirty, or a base (the initial load, or a rebase's)
-    not landed yet. A report run waits on this instead of being refused and retried; every other
-    refusal is `check_as_of`'s, when the report runs."""
+    does, or nothing an export brings would make the instant answerable): a change committed at or
+    before it still dirty, or a rebase's new base not landed yet for an instant before the rebase. A
+    report run waits on this instead of being refused and retried. A pending base after which the
+    instant is refused anyway (an initial load, which the lake knows nothing before; a rebase from
+    before the instant on; a rename or a key change, which hide every earlier instant) is not
+    waited for: the run refuses it at once, saying why (`check_as_of`)."""
     change_time = hot_reader.change_time(conn)
     waiting = []
     for table in tables:
-        if base_load.load_state(conn, table.table_id).pending:
-            waiting.append(f"{table.qualified_name}: its base (initial load or rebase) is not in the lake yet")
+        state = conn.execute("SELECT load_state, loaded_at FROM coldharbor.tables WHERE table_id = %s",
+                             (table.table_id,)).fetchone()
+        if state is None:
+            return None  # unregistered since: the run says so
+        if state[0] == "pending":
+            open_windows = [w for w in base_load.rebase_windows(conn, table.table_id) if w.settled_at is None]
+            if state[1] is None or not open_windows or any(w.hides_earlier or as_of >= w.starts_at
+                                                              for w in open_windows):
+                return None
+            waiting.append(f"{table.qualified_name}: the new base of a rebase is not in the lake yet")
             continue
+        # A change commits after its transaction starts (created_at): the later ones need no look.
         oldest = conn.execute(sql.SQL(
             "SELECT min({change_time}) FROM coldharbor.change_log WHERE table_id = {table_id} "
-            "AND flushed_at IS NULL").format(change_time=change_time, table_id=sql.Literal(table.table_id))
+            "AND flushed_at IS NULL AND created_at <= {as_of}").format(
+            change_time=change_time, table_id=sql.Literal(table.table_id), as_of=sql.Literal(as_of))
         ).fetchone()[0]
         if oldest is not None and oldest <= as_of:
             waiting.append(f"{table.qualified_name}: changes from {oldest.isoformat()} are not exported yet")

@@ -139,8 +139,10 @@ def refusal(argv: list[str], dsn: str) -> str | None:
 def waiting_for(argv: list[str], dsn: str) -> str | None:
     """For a caller that waits before it runs the report (the report DAGs' wait_for_lake sensor):
     what keeps the report's as-of instant out of the lake until an export brings it in, as one line,
-    or None when nothing does. A report that would be refused, a run without an as-of, and a lost
-    PostgreSQL are not waited for: the report's run decides those (and records them)."""
+    or None when nothing does. A report that would be refused (its SQL, a table gone or not
+    readable, commit timestamps off, an instant in the future or before the history window), a run
+    without an as-of, and a lost PostgreSQL are not waited for: the report's run decides those (and
+    records them)."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit:
@@ -152,8 +154,14 @@ def waiting_for(argv: list[str], dsn: str) -> str | None:
         with pg.connect(dsn) as conn:
             tables = validate_report(config.report, registry.load(conn)).tables
             registry.require_present(tables)
+            hot_reader.require_commit_times(conn)
+            for table in tables:
+                registry.require_privileges(conn, table)
+            now = conn.execute("SELECT statement_timestamp()").fetchone()[0]
+            if not now - config.history_window <= config.as_of <= now:
+                return None  # in the future, or before the history window: refused whatever an export does
             return waiting_for_export(conn, tables, config.as_of)
-    except (ColdharborError, psycopg.OperationalError):
+    except (ColdharborError, psycopg.Error):
         return None
 
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator
-from airflow.sdk.exceptions import AirflowSensorTimeout
+from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
 
 from coldharbor_airflow.hooks import DEFAULT_CONN_ID, ColdharborHook
 from coldharbor_airflow.operators import resolve_lake_root
@@ -43,6 +43,9 @@ class LakeCoversAsOfSensor(BaseSensorOperator):
         import_jobs_package()
         from coldharbor.serve_cli import waiting_for
 
+        if not isinstance(self.job_args, list):  # a template that rendered to text, not to a list
+            raise AirflowException(f"wait_for_lake needs the serve task's arguments as a list, got "
+                                   f"{type(self.job_args).__name__}; render the DAG's templates as native objects")
         argv = [*self.job_args, "--lake-root", resolve_lake_root(self.lake_root)]
         self.waiting_for = waiting_for(argv, ColdharborHook(self.coldharbor_conn_id).dsn())
         if self.waiting_for is None:
@@ -56,4 +59,6 @@ class LakeCoversAsOfSensor(BaseSensorOperator):
         except AirflowSensorTimeout:
             waited = timedelta(seconds=self.timeout) if isinstance(self.timeout, (int, float)) else self.timeout
             raise AirflowSensorTimeout(f"gave up after {waited} of waiting for an export: {self.waiting_for}; is "
-                                       "the coldharbor_cdc DAG running and succeeding?") from None
+                                       "the coldharbor_cdc DAG running, and does its task for that table succeed "
+                                       "(an export refused for a value or a privilege leaves its changes "
+                                       "dirty)?") from None

@@ -4,7 +4,7 @@ wait_for_lake sensor): only what the next export brings in, against real Postgre
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from coldharbor.serve_cli import waiting_for
 
@@ -30,7 +30,7 @@ def report(name: str, as_of: datetime | str) -> list[str]:
     return ["--sql", f"SELECT count(*) AS n FROM public.{table}", "--target", "adhoc_wait", "--as-of", at]
 
 
-def test_a_run_waits_for_changes_before_its_instant_and_for_a_base_nothing_else(
+def test_a_run_waits_for_changes_before_its_instant_and_for_a_rebase_s_base_nothing_else(
         spark, pg_dsn, pg_conn, table_name, lake_root):
     name = table_name + HOSTILE
     t = f"public.{quoted(name)}"
@@ -40,9 +40,8 @@ def test_a_run_waits_for_changes_before_its_instant_and_for_a_base_nothing_else(
     args = ["--lake-root", lake_root]
 
     registered = now(pg_conn)
-    waiting = waiting_for([*report(name, registered), *args], pg_dsn)
-    assert waiting is not None and f"public.{name}: its base (initial load or rebase) is not in the lake yet" \
-        in waiting, waiting
+    assert waiting_for([*report(name, registered), *args], pg_dsn) is None, \
+        "the lake knows nothing before its initial load: the run refuses the instant at once"
     assert waiting_for([*report(name, "now"), *args], pg_dsn) is None, "a run without an as-of waits for nothing"
 
     export(spark, pg_dsn, f"public.{name}", lake_root)
@@ -61,6 +60,16 @@ def test_a_run_waits_for_changes_before_its_instant_and_for_a_base_nothing_else(
     export(spark, pg_dsn, f"public.{name}", lake_root)
     assert waiting_for([*report(name, changed), *args], pg_dsn) is None
 
+    exported = now(pg_conn)
+    pg_conn.execute(f"ALTER TABLE {t} ADD COLUMN d text DEFAULT 'filled'")  # a rebase: every row changed
+    waiting = waiting_for([*report(name, exported), *args], pg_dsn)
+    assert waiting == (f"as-of {exported.isoformat()} is not in the lake yet; public.{name}: the new base of a "
+                       "rebase is not in the lake yet"), waiting
+    assert waiting_for([*report(name, now(pg_conn)), *args], pg_dsn) is None, \
+        "an instant inside the rebase window is refused whatever the base: not waited for"
+    export(spark, pg_dsn, f"public.{name}", lake_root)
+    assert waiting_for([*report(name, exported), *args], pg_dsn) is None
+
 
 def test_a_report_the_run_refuses_is_not_waited_for(spark, pg_dsn, pg_conn, table_name, lake_root):
     """The serve task refuses it, records it and says why: nothing is gained by waiting first."""
@@ -77,3 +86,7 @@ def test_a_report_the_run_refuses_is_not_waited_for(spark, pg_dsn, pg_conn, tabl
                     ["--no-such-option"]):
         assert waiting_for([*refused, *args], pg_dsn) is None, refused
     assert waiting_for([*report(table_name, instant), *args], "postgresql://nobody@127.0.0.1:1/none") is None
+    future = datetime.now(timezone.utc) + timedelta(hours=1)
+    assert waiting_for([*report(table_name, future), *args], pg_dsn) is None, "refused as in the future"
+    assert waiting_for([*report(table_name, instant - timedelta(days=30)), *args], pg_dsn) is None, \
+        "refused as before the history window"

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import psycopg
-from psycopg import sql
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -77,7 +76,6 @@ def waiting_for_export(conn: psycopg.Connection, tables: Sequence[RegisteredTabl
     instant is refused anyway (an initial load, which the lake knows nothing before; a rebase from
     before the instant on; a rename or a key change, which hide every earlier instant) is not
     waited for: the run refuses it at once, saying why (`check_as_of`)."""
-    change_time = hot_reader.change_time(conn)
     waiting = []
     for table in tables:
         state = conn.execute("SELECT load_state, loaded_at FROM coldharbor.tables WHERE table_id = %s",
@@ -91,12 +89,7 @@ def waiting_for_export(conn: psycopg.Connection, tables: Sequence[RegisteredTabl
                 return None
             waiting.append(f"{table.qualified_name}: the new base of a rebase is not in the lake yet")
             continue
-        # A change commits after its transaction starts (created_at): the later ones need no look.
-        oldest = conn.execute(sql.SQL(
-            "SELECT min({change_time}) FROM coldharbor.change_log WHERE table_id = {table_id} "
-            "AND flushed_at IS NULL AND created_at <= {as_of}").format(
-            change_time=change_time, table_id=sql.Literal(table.table_id), as_of=sql.Literal(as_of))
-        ).fetchone()[0]
+        oldest = hot_reader.oldest_dirty_change(conn, table.table_id, up_to=as_of)
         if oldest is not None and oldest <= as_of:
             waiting.append(f"{table.qualified_name}: changes from {oldest.isoformat()} are not exported yet")
     if not waiting:

@@ -8,6 +8,7 @@ image that includes it, or it is not in the batch at all (invariant 1).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 import psycopg
 from psycopg import sql
@@ -68,6 +69,15 @@ def change_time(conn: psycopg.Connection) -> sql.Composable:
     if commit_times_tracked(conn):
         return sql.SQL("coalesce(pg_xact_commit_timestamp(xmin), created_at)")
     return sql.SQL("created_at")
+
+
+def oldest_dirty_change(conn: psycopg.Connection, table_id: int, up_to: datetime | None = None) -> datetime | None:
+    """When the table's oldest change not yet in the lake happened (`change_time`), among those that
+    can have happened by `up_to` (a change commits after its transaction starts: `created_at`)."""
+    bound = sql.SQL("") if up_to is None else sql.SQL(" AND created_at <= {}").format(sql.Literal(up_to))
+    return conn.execute(sql.SQL("SELECT min({change_time}) FROM coldharbor.change_log "
+                                "WHERE table_id = {table_id} AND flushed_at IS NULL{bound}").format(
+        change_time=change_time(conn), table_id=sql.Literal(table_id), bound=bound)).fetchone()[0]
 
 
 def require_commit_times(conn: psycopg.Connection) -> None:

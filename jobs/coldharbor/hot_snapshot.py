@@ -126,15 +126,12 @@ def whole_table_query(table: RegisteredTable, columns: Sequence[LakeColumn]) -> 
 
 def _unexported_since(conn: psycopg.Connection, table: RegisteredTable, pinned_version: int) -> datetime | None:
     """Earliest time of a change lake@pinned_version lacks: a bound for as-of reads."""
-    change_time = hot_reader.change_time(conn)
-    return conn.execute(sql.SQL("""
-        SELECT least(
-            (SELECT min({change_time}) FROM coldharbor.change_log
-              WHERE table_id = {table_id} AND flushed_at IS NULL),
-            (SELECT min(oldest_change_at) FROM coldharbor.export_batches
-              WHERE table_id = {table_id} AND state = 'flushed' AND lake_version > {version}))""").format(
-        change_time=change_time, table_id=sql.Literal(table.table_id), version=sql.Literal(pinned_version))
-    ).fetchone()[0]
+    flushed_after = conn.execute(
+        "SELECT min(oldest_change_at) FROM coldharbor.export_batches "
+        "WHERE table_id = %s AND state = 'flushed' AND lake_version > %s",
+        (table.table_id, pinned_version)).fetchone()[0]
+    dirty = hot_reader.oldest_dirty_change(conn, table.table_id)
+    return min((t for t in (dirty, flushed_after) if t is not None), default=None)
 
 
 def _fetch_arrow(conn: psycopg.Connection, query: sql.Composed, table: RegisteredTable,

@@ -6,7 +6,8 @@ once (COLDHARBOR_EXPORT_WORKERS); under spark-submit one mapped task per table w
 export. A clean cycle maps nothing (one index probe per table, no Spark at all). One run at a time:
 the export of a table is also guarded by its advisory lock, so an overlapping manual run skips
 instead of doubling. The cadence is COLDHARBOR_EXPORT_CADENCE: `minute` (default) or `continuous`
-(each run starts when the last one ends).
+(each run starts when the last one ends). Each cycle also sends the health figures to StatsD
+(when Airflow's [metrics] statsd_on is set).
 """
 
 from __future__ import annotations
@@ -40,12 +41,25 @@ def coldharbor_cdc():
 
         return export_job_args(ColdharborHook().tables_needing_export())
 
+    dirty = tables_to_export()
     ColdharborSparkJobOperator.partial(
         task_id="export", job="cdc_export.py", pool=SPARK_POOL, outlets=[LAKE_EXPORTS],
         # Freshness first: an export takes the Spark pool's next slot ahead of reports and maintenance.
         priority_weight=100, weight_rule="absolute",
         map_index_template="{{ task.job_args[1] if task.job_args else 'every dirty table' }}",
-    ).expand(job_args=tables_to_export())
+    ).expand(job_args=dirty)
+
+    # Beside the exports, as the cycle starts: the health figures as StatsD gauges through Airflow's
+    # metrics client (coldharbor_airflow.metrics): the backlog this cycle is about to export and
+    # the age of its oldest change, the last finished exports. Not after them: a leaf that
+    # succeeds would turn a run whose export failed into a successful one.
+    @task(execution_timeout=timedelta(minutes=1))
+    def publish_metrics() -> int:
+        from coldharbor_airflow.metrics import publish_statsd
+
+        return publish_statsd()
+
+    dirty >> publish_metrics()
 
 
 coldharbor_cdc()

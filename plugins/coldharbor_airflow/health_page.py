@@ -1,4 +1,5 @@
-"""The "Lakehouse health" page: a FastAPI app the Airflow API server mounts under /coldharbor.
+"""The "Lakehouse health" page and its Prometheus metrics: a FastAPI app the Airflow API server
+mounts under /coldharbor (/coldharbor/health, /coldharbor/metrics).
 
 Server-rendered HTML (no script), read-only: per table the dirty rows and the freshness lag, the
 last export and its Delta version, file count and average size, the last compaction and cleanup,
@@ -14,12 +15,11 @@ from __future__ import annotations
 import asyncio
 import html
 import logging
-import os
 from datetime import datetime
 from typing import Any
 
 from fastapi import Depends, FastAPI
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 
 from coldharbor_airflow.page_auth import install_refusal_pages, require_plugin_viewer
 
@@ -47,24 +47,14 @@ def _cell(value: Any) -> str:
     return html.escape(str(value))
 
 
-NO_LAKE_ROOT = "unavailable: no lake root configured"
-NO_OWN_FOLDER = "none: its name is no folder name; an administrator registers it again with a p_lake_location"
-
-
 def _lake_files(row: dict[str, Any]) -> tuple[Any, float | None]:
     """(file count, average size) of the table's lake folder, found as the jobs find it; or a
     sentence why there is none."""
-    from coldharbor.errors import ConfigError
-    from coldharbor.registry import lake_path
-    from coldharbor_airflow.lake_files import file_figures
+    from coldharbor_airflow.lake_files import file_figures, folder
 
-    root = os.environ.get("COLDHARBOR_LAKE_ROOT")
-    if not (row["lake_location"] or root):
-        return NO_LAKE_ROOT, None
-    try:
-        path = lake_path(row["schema_name"], row["table_name"], row["lake_location"], (root or "").rstrip("/"))
-    except ConfigError:
-        return NO_OWN_FOLDER, None
+    path, why_none = folder(row)
+    if path is None:
+        return why_none, None
     files = file_figures(path)
     return files if isinstance(files, tuple) else (files, None)
 
@@ -137,3 +127,11 @@ def build_page() -> str:
 @app.get("/health", response_class=HTMLResponse)
 async def health_page() -> HTMLResponse:
     return HTMLResponse(await asyncio.to_thread(build_page))
+
+
+@app.get("/metrics")
+async def metrics_page() -> Response:
+    """The Prometheus metrics (coldharbor_airflow.metrics names them), behind the same login."""
+    from coldharbor_airflow import metrics
+
+    return Response(await asyncio.to_thread(metrics.build), media_type=metrics.CONTENT_TYPE)

@@ -237,7 +237,7 @@ def test_the_page_finds_each_tables_lake_folder_as_the_jobs_do(airflow_home, spa
     public/"t.v"), and showed a folder for a name the jobs refuse as a folder ("../x")."""
     import html
 
-    from coldharbor_airflow import health_page
+    from coldharbor_airflow import health_page, lake_files
 
     lake_root = str(tmp_path / "lake")
     monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", lake_root)
@@ -251,5 +251,121 @@ def test_the_page_finds_each_tables_lake_folder_as_the_jobs_do(airflow_home, spa
     files = table_cells(page, dotted)[6]
     assert files.isdigit() and int(files) >= 1, table_cells(page, dotted)
     row = next(line for line in page.split("<tr>") if html.escape(f"public.{hostile}") in line)
-    assert html.escape(health_page.NO_OWN_FOLDER) in row
+    assert html.escape(lake_files.NO_OWN_FOLDER) in row
     assert lake_root not in page
+
+
+METRICS = "/coldharbor/metrics"
+
+
+def scrape(text: str) -> dict[tuple[str, tuple], float]:
+    """{(metric name, sorted label pairs): value}, parsed by Prometheus's own Python parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_the_metrics_are_behind_the_same_login(airflow_web):
+    base, env, _ = airflow_web
+    forged = signed_token({**env, "AIRFLOW__API_AUTH__JWT_SECRET": "not-the-servers-key-0123456789abcdef"},
+                          "admin", "admin", valid_for_s=3600)
+    refused = {"anonymous": httpx.get(f"{base}{METRICS}"),
+               "forged": httpx.get(f"{base}{METRICS}", headers={"Authorization": f"Bearer {forged}"}),
+               "no permission": httpx.get(f"{base}{METRICS}",
+                                          headers={"Authorization": f"Bearer {login_token(base, 'nobody')}"})}
+    assert {k: r.status_code for k, r in refused.items()} == {"anonymous": 401, "forged": 403, "no permission": 403}
+    assert all("coldharbor_" not in r.text for r in refused.values())
+    allowed = httpx.get(f"{base}{METRICS}", headers={"Authorization": f"Bearer {login_token(base, 'admin')}"})
+    assert allowed.status_code == 200
+    assert allowed.headers["content-type"].startswith("text/plain; version=")
+    assert scrape(allowed.text)[("coldharbor_up", (("tier", "postgres"),))] == 1
+
+
+def test_the_metrics_give_each_tables_backlog_export_and_files(airflow_web, spark, pg_dsn, pg_conn, table_name):
+    """Scraped over HTTP from the API server: an exported table whose name holds quotes and a space
+    (four rows dirty since), a table whose name holds a newline and a backslash (no lake folder, five
+    rows dirty), and a report with a failed last run: each sample under its exact names."""
+    base, _, lake_root = airflow_web
+    exported, unexported = f"{table_name} \"q'", f"{table_name}\n\\x"
+    quoted = {n: '"' + n.replace('"', '""') + '"' for n in (exported, unexported)}
+    for name in (exported, unexported):
+        pg_conn.execute(f"CREATE TABLE public.{quoted[name]} (id bigint PRIMARY KEY, v text)")
+    pg_conn.execute(f"INSERT INTO public.{quoted[exported]} SELECT g, 'v' FROM generate_series(1, 30) g")
+    for name in (exported, unexported):
+        pg_conn.execute("SELECT coldharbor.register_table(%s)", (f"public.{quoted[name]}",))
+    export(spark, pg_dsn, f"public.{quoted[exported]}", lake_root)
+    pg_conn.execute(f"UPDATE public.{quoted[exported]} SET v = 'w' WHERE id <= 4")
+    pg_conn.execute(f"INSERT INTO public.{quoted[unexported]} SELECT g, 'v' FROM generate_series(1, 5) g")
+    report = f"r_{table_name}\"\\"
+    for state, minutes_ago in (("succeeded", 30), ("failed", 10), ("succeeded", 60 * 25)):
+        pg_conn.execute("""INSERT INTO coldharbor.report_runs (run_id, report, target, mode, state, started_at, finished_at)
+                           VALUES (gen_random_uuid()::text, %s, 'x', 'strict', %s,
+                                   now() - make_interval(mins => %s), now() - make_interval(mins => %s) + interval '3 s')""",
+                        (report, state, minutes_ago, minutes_ago))
+
+    text = httpx.get(f"{base}{METRICS}", headers={"Authorization": f"Bearer {login_token(base, 'admin')}"}).text
+    samples = scrape(text)
+
+    def of(metric: str, name: str) -> float | None:
+        return samples.get((metric, (("schema", "public"), ("table", name))))
+
+    assert of("coldharbor_table_dirty_rows", exported) == 4
+    assert of("coldharbor_table_dirty_rows", unexported) == 5
+    assert of("coldharbor_table_oldest_dirty_change_age_seconds", exported) > 0
+    assert of("coldharbor_table_last_export_rows", exported) == 30
+    assert of("coldharbor_table_last_export_duration_seconds", exported) >= 0
+    assert of("coldharbor_table_lake_readable", exported) == 1
+    assert of("coldharbor_table_lake_version", exported) >= 0
+    assert of("coldharbor_table_lake_files", exported) >= 1
+    assert of("coldharbor_table_lake_bytes", exported) > 0
+    assert of("coldharbor_table_last_export_rows", unexported) is None
+    assert of("coldharbor_table_lake_files", unexported) is None
+    assert of("coldharbor_table_lake_readable", unexported) is None
+    assert samples[("coldharbor_report_runs_24h", (("report", report),))] == 2
+    assert samples[("coldharbor_report_failed_runs_24h", (("report", report),))] == 1
+    assert samples[("coldharbor_report_last_run_failed", (("report", report),))] == 1
+    assert samples[("coldharbor_report_last_run_duration_seconds", (("report", report),))] == 3
+
+
+def test_the_metrics_say_which_tier_is_down_without_a_path(airflow_home, spark, own_database, table_name, tmp_path,
+                                                           monkeypatch, caplog, capsys):
+    """A database of its own with one exported table: the lake is up; its lake root moved away:
+    coldharbor_up{tier="lake"} 0; PostgreSQL unreachable: only coldharbor_up{tier="postgres"} 0. The
+    reasons go to the server's log, not the metrics."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from coldharbor import pg
+    from coldharbor_airflow import metrics
+
+    admin_dsn, jobs_dsn = own_database
+    lake_root = str(tmp_path / "lake")
+    with pg.connect(admin_dsn) as conn:
+        conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY)")
+        conn.execute(f"INSERT INTO {table_name} SELECT generate_series(1, 3)")
+        conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    export(spark, jobs_dsn, table_name, lake_root)
+    own = conninfo_to_dict(jobs_dsn)
+    monkeypatch.setenv("AIRFLOW_CONN_COLDHARBOR_PG", json.dumps(
+        {"conn_type": "postgres", "host": own["host"], "port": int(own["port"]), "login": own["user"],
+         "password": own.get("password"), "schema": own["dbname"]}))
+    labels = (("schema", "public"), ("table", table_name))
+    monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", lake_root)
+    samples = scrape(metrics.build().decode())
+    assert samples[("coldharbor_up", (("tier", "lake"),))] == 1
+    assert samples[("coldharbor_table_lake_files", labels)] >= 1
+
+    monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", str(tmp_path / "moved-away"))
+    text = metrics.build().decode()
+    assert scrape(text)[("coldharbor_up", (("tier", "lake"),))] == 0
+    assert scrape(text)[("coldharbor_table_lake_readable", labels)] == 0
+    assert ("coldharbor_table_lake_files", labels) not in scrape(text)
+    assert scrape(text)[("coldharbor_table_last_export_rows", labels)] == 3  # PostgreSQL's figures stay
+    assert str(tmp_path) not in text
+
+    monkeypatch.setenv("AIRFLOW_CONN_COLDHARBOR_PG", json.dumps(
+        {"conn_type": "postgres", "host": "127.0.0.1", "port": 1, "login": "u", "password": "pw", "schema": "db"}))
+    text = metrics.build().decode()
+    assert scrape(text) == {("coldharbor_up", (("tier", "postgres"),)): 0}
+    assert "127.0.0.1" not in text
+    assert "127.0.0.1:1/db" in caplog.text + capsys.readouterr().out

@@ -3,7 +3,7 @@ changes to Delta.
 
 On a Spark Connect connection one task exports every dirty table on the warm server, several at
 once (COLDHARBOR_EXPORT_WORKERS); under spark-submit one mapped task per table with something to
-export. A clean cycle maps nothing (one index probe per table, no Spark at all). One run at a time:
+export. A clean cycle maps nothing and starts no Spark (one index probe per table). One run at a time:
 the export of a table is also guarded by its advisory lock, so an overlapping manual run skips
 instead of doubling. The cadence is COLDHARBOR_EXPORT_CADENCE: `minute` (default) or `continuous`
 (each run starts when the last one ends). Each cycle also sends the health figures to StatsD
@@ -49,17 +49,18 @@ def coldharbor_cdc():
         map_index_template="{{ task.job_args[1] if task.job_args else 'every dirty table' }}",
     ).expand(job_args=dirty)
 
-    # Beside the exports, as the cycle starts: the health figures as StatsD gauges through Airflow's
-    # metrics client (coldharbor_airflow.metrics): the backlog this cycle is about to export and
-    # the age of its oldest change, the last finished exports. Not after them: a leaf that
-    # succeeds would turn a run whose export failed into a successful one.
-    @task(execution_timeout=timedelta(minutes=1))
+    # Beside the exports, from the cycle's start: the health figures as StatsD gauges through
+    # Airflow's metrics client (coldharbor_airflow.metrics), PostgreSQL down included (up 0). Not
+    # after the exports: a leaf that succeeds would turn a run whose export failed into a successful
+    # one. Short timeout and retry: a slow lake must not hold the next cycle back for long.
+    @task(execution_timeout=timedelta(seconds=40), retries=1, retry_delay=timedelta(seconds=5),
+          retry_exponential_backoff=False)
     def publish_metrics() -> int:
         from coldharbor_airflow.metrics import publish_statsd
 
         return publish_statsd()
 
-    dirty >> publish_metrics()
+    publish_metrics()
 
 
 coldharbor_cdc()

@@ -128,7 +128,8 @@ class ColdharborHook(BaseHook):
                        d.dirty_rows, extract(epoch FROM now() - d.oldest_dirty) AS freshness_lag_s,
                        e.batch_id AS last_batch, e.finished_at AS last_export_at, e.lake_version AS last_export_version,
                        e.row_count AS last_export_rows,
-                       extract(epoch FROM e.finished_at - e.started_at) AS last_export_duration_s,
+                       x.row_count AS last_change_export_rows, x.finished_at AS last_change_export_at,
+                       extract(epoch FROM x.finished_at - x.started_at) AS last_change_export_duration_s,
                        c.finished_at AS last_compaction_at, c.state AS last_compaction_state,
                        c.detail AS last_compaction_detail,
                        k.finished_at AS last_cleanup_at, k.state AS last_cleanup_state,
@@ -143,10 +144,14 @@ class ColdharborHook(BaseHook):
                   LEFT JOIN LATERAL (SELECT count(*) AS dirty_rows, min(created_at) AS oldest_dirty
                                        FROM coldharbor.change_log
                                       WHERE table_id = t.table_id AND flushed_at IS NULL) d ON true
-                  LEFT JOIN LATERAL (SELECT batch_id, started_at, finished_at, lake_version, row_count
+                  LEFT JOIN LATERAL (SELECT batch_id, finished_at, lake_version, row_count
                                        FROM coldharbor.export_batches
                                       WHERE table_id = t.table_id AND state = 'flushed'
                                       ORDER BY batch_id DESC LIMIT 1) e ON true
+                  LEFT JOIN LATERAL (SELECT started_at, finished_at, row_count  -- not a base (load, resync)
+                                       FROM coldharbor.export_batches
+                                      WHERE table_id = t.table_id AND state = 'flushed' AND kind = 'changes'
+                                      ORDER BY batch_id DESC LIMIT 1) x ON true
                   LEFT JOIN LATERAL (SELECT finished_at, state, detail FROM coldharbor.maintenance_runs
                                       WHERE table_id = t.table_id AND kind = 'compact'
                                       ORDER BY started_at DESC LIMIT 1) c ON true
@@ -166,9 +171,10 @@ class ColdharborHook(BaseHook):
             runs = [dict(zip(names, row)) for row in cur.fetchall()]
             cur = conn.execute("""
                 SELECT r.report, r.runs_24h, r.failed_24h, l.state AS last_state, l.duration_s AS last_duration_s
-                  FROM (SELECT report, count(*) AS runs_24h, count(*) FILTER (WHERE state = 'failed') AS failed_24h
-                          FROM coldharbor.report_runs WHERE started_at > now() - interval '24 hours'
-                         GROUP BY report) r
+                  FROM (SELECT report, count(*) FILTER (WHERE started_at > now() - interval '24 hours') AS runs_24h,
+                               count(*) FILTER (WHERE started_at > now() - interval '24 hours'
+                                                  AND state = 'failed') AS failed_24h
+                          FROM coldharbor.report_runs GROUP BY report) r
                   LEFT JOIN LATERAL (SELECT state, extract(epoch FROM finished_at - started_at) AS duration_s
                                        FROM coldharbor.report_runs
                                       WHERE report = r.report AND finished_at IS NOT NULL

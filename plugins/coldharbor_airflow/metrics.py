@@ -11,7 +11,8 @@ Every metric is a gauge read at scrape time from the hot tier's registry and eac
                                                            their folders, are unknown)
     coldharbor_table_dirty_rows{schema,table}              changes not yet in the lake
     coldharbor_table_oldest_dirty_change_age_seconds{...}  age of the oldest of them; 0 when none
-    coldharbor_table_last_export_rows{...}                 rows the last export wrote
+    coldharbor_table_last_export_rows{...}                 rows the last export of changes wrote (an
+                                                           initial load's or a resync's base is not one)
     coldharbor_table_last_export_duration_seconds{...}     how long that export took
     coldharbor_table_last_export_timestamp_seconds{...}    when it finished (Unix time)
     coldharbor_table_lake_readable{...}                    1 when its Delta log could be read, else 0
@@ -19,7 +20,8 @@ Every metric is a gauge read at scrape time from the hot tier's registry and eac
     coldharbor_table_lake_version{...}                     the Delta table's current version
     coldharbor_table_lake_files{...}                       its data files
     coldharbor_table_lake_bytes{...}                       their size
-    coldharbor_report_runs_24h{report}                     runs started in the last 24 hours
+    coldharbor_report_runs_24h{report}                     runs started in the last 24 hours (every
+                                                           report with a run on record, 0 included)
     coldharbor_report_failed_runs_24h{report}              of which failed
     coldharbor_report_last_run_duration_seconds{report}    the last finished run's duration
     coldharbor_report_last_run_failed{report}              1 when that run failed
@@ -52,11 +54,12 @@ _TABLE_GAUGES = [  # (name, help, the figure's key) of the gauges read from the 
     ("coldharbor_table_dirty_rows", "Changes captured in PostgreSQL and not yet in the lake.", "dirty_rows"),
     ("coldharbor_table_oldest_dirty_change_age_seconds",
      "Age of the oldest change not yet in the lake; 0 when there is none.", "freshness_lag_s"),
-    ("coldharbor_table_last_export_rows", "Rows the table's last export wrote to the lake.", "last_export_rows"),
-    ("coldharbor_table_last_export_duration_seconds", "How long the table's last export took.",
-     "last_export_duration_s"),
-    ("coldharbor_table_last_export_timestamp_seconds", "When the table's last export finished (Unix time).",
-     "last_export_at"),
+    ("coldharbor_table_last_export_rows", "Rows the table's last export of changes wrote to the lake.",
+     "last_change_export_rows"),
+    ("coldharbor_table_last_export_duration_seconds", "How long the table's last export of changes took.",
+     "last_change_export_duration_s"),
+    ("coldharbor_table_last_export_timestamp_seconds",
+     "When the table's last export of changes finished (Unix time).", "last_change_export_at"),
 ]
 _REPORT_GAUGES = [
     ("coldharbor_report_runs_24h", "Runs of the report started in the last 24 hours.", "runs_24h"),
@@ -160,13 +163,15 @@ def build() -> bytes:
 # statsd_host, statsd_port, statsd_prefix) by the CDC DAG's `publish_metrics` task every cycle.
 _STATSD_KINDS = ("table", "report")
 _STATSD_PART = re.compile(r"[A-Za-z0-9_-]{1,60}")
+_HASHED = re.compile(r".*_[0-9a-f]{8}")
 
 
 def statsd_part(value: str) -> str:
     """A label value as one StatsD name segment: itself when it holds only letters, digits, _ and
-    - (at most 60), else those kept, the rest '_', and a hash of the whole value, so that two names
-    never share a segment ("a.b" and "a_b" differ)."""
-    if _STATSD_PART.fullmatch(value):
+    - (at most 60) and does not end as a hashed segment does; else its first 50 characters with '_'
+    for every other character, '_' and a hash of the whole value. So two values never share a
+    segment ("a.b" is a_b_69f6642c, and the name "a_b_69f6642c" is hashed too)."""
+    if _STATSD_PART.fullmatch(value) and not _HASHED.fullmatch(value):
         return value
     digest = hashlib.sha1(value.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     return f"{re.sub(r'[^A-Za-z0-9_-]', '_', value)[:50]}_{digest}"

@@ -87,4 +87,4 @@ def test_one_cycle_exports_the_dirty_table_and_a_clean_cycle_maps_nothing(airflo
     assert sent[f"{prefix}.last_export_rows"] == health["last_export_rows"] > 0
     files = DeltaTable.forPath(spark, f"{lake_root}/public/{table_name}").detail().first()
     assert (sent[f"{prefix}.lake_files"], sent[f"{prefix}.lake_bytes"]) == (files["numFiles"], files["sizeInBytes"])
-    assert sent["airflow.coldharbor.up.postgres"] == 1 and sent["airflow.coldharbor.up.lake"] == 1
+    assert sent[f"{prefix}.lake_readable"] == 1 and sent["airflow.coldharbor.up.postgres"] == 1

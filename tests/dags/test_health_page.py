@@ -5,6 +5,7 @@ plain HTTP requests carrying no token, a forged or expired one, or a real one.""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -285,24 +286,29 @@ def test_the_metrics_are_behind_the_same_login(airflow_web):
 def test_the_metrics_give_each_tables_backlog_export_and_files(airflow_web, spark, pg_dsn, pg_conn, table_name):
     """Scraped over HTTP from the API server: an exported table whose name holds quotes and a space
     (four rows dirty since), a table whose name holds a newline and a backslash (no lake folder, five
-    rows dirty), and a report with a failed last run: each sample under its exact names."""
+    rows dirty), a table registered with 20 rows (its initial load is no export of changes), and a
+    report with a failed last run: each sample under its exact names."""
     base, _, lake_root = airflow_web
-    exported, unexported = f"{table_name} \"q'", f"{table_name}\n\\x"
+    exported, unexported, loaded = f"{table_name} \"q'", f"{table_name}\n\\x", f"{table_name}_loaded"
+    pg_conn.execute(f"CREATE TABLE {loaded} AS SELECT g AS id FROM generate_series(1, 20) g")
+    pg_conn.execute(f"ALTER TABLE {loaded} ADD PRIMARY KEY (id)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (loaded,))
+    export(spark, pg_dsn, loaded, lake_root)
     quoted = {n: '"' + n.replace('"', '""') + '"' for n in (exported, unexported)}
     for name in (exported, unexported):
         pg_conn.execute(f"CREATE TABLE public.{quoted[name]} (id bigint PRIMARY KEY, v text)")
-    pg_conn.execute(f"INSERT INTO public.{quoted[exported]} SELECT g, 'v' FROM generate_series(1, 30) g")
-    for name in (exported, unexported):
         pg_conn.execute("SELECT coldharbor.register_table(%s)", (f"public.{quoted[name]}",))
+    pg_conn.execute(f"INSERT INTO public.{quoted[exported]} SELECT g, 'v' FROM generate_series(1, 30) g")
     export(spark, pg_dsn, f"public.{quoted[exported]}", lake_root)
     pg_conn.execute(f"UPDATE public.{quoted[exported]} SET v = 'w' WHERE id <= 4")
     pg_conn.execute(f"INSERT INTO public.{quoted[unexported]} SELECT g, 'v' FROM generate_series(1, 5) g")
-    report = f"r_{table_name}\"\\"
-    for state, minutes_ago in (("succeeded", 30), ("failed", 10), ("succeeded", 60 * 25)):
+    report, quiet = f"r_{table_name}\"\\", f"q_{table_name}"
+    for report_name, state, minutes_ago in ((report, "succeeded", 30), (report, "failed", 10),
+                                            (report, "succeeded", 60 * 25), (quiet, "failed", 60 * 30)):
         pg_conn.execute("""INSERT INTO coldharbor.report_runs (run_id, report, target, mode, state, started_at, finished_at)
                            VALUES (gen_random_uuid()::text, %s, 'x', 'strict', %s,
                                    now() - make_interval(mins => %s), now() - make_interval(mins => %s) + interval '3 s')""",
-                        (report, state, minutes_ago, minutes_ago))
+                        (report_name, state, minutes_ago, minutes_ago))
 
     text = httpx.get(f"{base}{METRICS}", headers={"Authorization": f"Bearer {login_token(base, 'admin')}"}).text
     samples = scrape(text)
@@ -322,10 +328,26 @@ def test_the_metrics_give_each_tables_backlog_export_and_files(airflow_web, spar
     assert of("coldharbor_table_last_export_rows", unexported) is None
     assert of("coldharbor_table_lake_files", unexported) is None
     assert of("coldharbor_table_lake_readable", unexported) is None
+    assert of("coldharbor_table_last_export_rows", loaded) is None and of("coldharbor_table_lake_files", loaded) >= 1
     assert samples[("coldharbor_report_runs_24h", (("report", report),))] == 2
     assert samples[("coldharbor_report_failed_runs_24h", (("report", report),))] == 1
     assert samples[("coldharbor_report_last_run_failed", (("report", report),))] == 1
     assert samples[("coldharbor_report_last_run_duration_seconds", (("report", report),))] == 3
+    # A report that has not run for a day still shows its last run failed, and no run since.
+    assert samples[("coldharbor_report_last_run_failed", (("report", quiet),))] == 1
+    assert samples[("coldharbor_report_runs_24h", (("report", quiet),))] == 0
+
+
+def test_statsd_names_of_two_tables_never_meet(airflow_home):
+    """A name StatsD cannot carry is hashed; a plain name that looks hashed is hashed too, so a
+    table cannot take another's gauges by its name."""
+    from coldharbor_airflow.metrics import statsd_name
+
+    tables = ["orders", "a.b", "a_b", "a_b_69f6642c", "a b", "ordérs", "x" * 61, "x" * 60, "", "-"]
+    names = [statsd_name("coldharbor_table_dirty_rows", {"schema": "public", "table": t}) for t in tables]
+    assert len(set(names)) == len(tables), names
+    assert names[0] == "coldharbor.table.public.orders.dirty_rows"
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]{1,250}", n) and ".." not in n for n in names), names
 
 
 def test_the_metrics_say_which_tier_is_down_without_a_path(airflow_home, spark, own_database, table_name, tmp_path,
@@ -342,8 +364,8 @@ def test_the_metrics_say_which_tier_is_down_without_a_path(airflow_home, spark, 
     lake_root = str(tmp_path / "lake")
     with pg.connect(admin_dsn) as conn:
         conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY)")
-        conn.execute(f"INSERT INTO {table_name} SELECT generate_series(1, 3)")
         conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+        conn.execute(f"INSERT INTO {table_name} SELECT generate_series(1, 3)")
     export(spark, jobs_dsn, table_name, lake_root)
     own = conninfo_to_dict(jobs_dsn)
     monkeypatch.setenv("AIRFLOW_CONN_COLDHARBOR_PG", json.dumps(

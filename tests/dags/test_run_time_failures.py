@@ -150,6 +150,8 @@ def test_postgres_down_fails_the_cdc_dag_first_task_and_it_is_retried(airflow_ho
     assert (run.state, probe.state) == ("failed", "failed")
     assert probe.try_number == probe_task.retries + 1  # tried, then retried each time it was allowed
     assert "export" not in {ti.task_id for ti in run.get_task_instances() if ti.state == "success"}
+    # The StatsD publisher runs beside the probe and says PostgreSQL is down (coldharbor.up.postgres 0).
+    assert {ti.task_id: ti.state for ti in run.get_task_instances()}["publish_metrics"] == "success"
 
 
 def test_a_refused_report_fails_the_task_before_spark_submit_starts(airflow_home, pg_conn, table_name, tmp_path,

@@ -169,6 +169,12 @@ class ColdharborHook(BaseHook):
                                     FROM coldharbor.report_runs ORDER BY started_at DESC LIMIT %s""", (recent_runs,))
             names = [d.name for d in cur.description]
             runs = [dict(zip(names, row)) for row in cur.fetchall()]
+        return {"tables": tables, "report_runs": runs}
+
+    def report_figures(self) -> list[dict[str, Any]]:
+        """Per report with a run on record: runs and failed runs started in the last 24 hours, and
+        the state and duration of its last finished run (the metrics' report gauges)."""
+        with self.connect() as conn:
             cur = conn.execute("""
                 SELECT r.report, r.runs_24h, r.failed_24h, l.state AS last_state, l.duration_s AS last_duration_s
                   FROM (SELECT report, count(*) FILTER (WHERE started_at > now() - interval '24 hours') AS runs_24h,
@@ -181,5 +187,4 @@ class ColdharborHook(BaseHook):
                                       ORDER BY started_at DESC LIMIT 1) l ON true
                  ORDER BY r.report""")
             names = [d.name for d in cur.description]
-            reports = [dict(zip(names, row)) for row in cur.fetchall()]
-        return {"tables": tables, "report_runs": runs, "reports": reports}
+            return [dict(zip(names, row)) for row in cur.fetchall()]

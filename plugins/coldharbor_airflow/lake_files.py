@@ -40,7 +40,7 @@ def read_log(path: str) -> tuple[int, list[int]] | str:
         table = DeltaTable(path)
         return table.version(), table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
     except Exception as exc:  # a missing or unreachable lake is shown, not raised
-        log.warning("health page: cannot read the Delta log of %s: %s", path, exc)
+        log.warning("cannot read the Delta log of %s: %s", path, exc)
         return UNAVAILABLE
 
 

@@ -78,9 +78,22 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+def read_figures() -> dict[str, Any] | None:
+    """{"tables": the health page's per-table figures, "reports": ColdharborHook.report_figures()};
+    None when PostgreSQL cannot be read (or the connection is missing), the reason in the log."""
+    from coldharbor_airflow.hooks import ColdharborHook
+
+    hook = ColdharborHook()
+    try:
+        return {"tables": hook.health(recent_runs=0)["tables"], "reports": hook.report_figures()}
+    except Exception:
+        log.exception("the metrics cannot read the hot tier")
+        return None
+
+
 def families(figures: dict[str, Any] | None) -> Iterator[GaugeMetricFamily]:
-    """The gauges for the health figures (`ColdharborHook.health()`), or only `coldharbor_up`
-    saying PostgreSQL is down when they are None."""
+    """The gauges for `read_figures()`, or only `coldharbor_up` saying PostgreSQL is down when
+    they are None."""
     from coldharbor_airflow.lake_files import read_log, folder
 
     up = GaugeMetricFamily("coldharbor_up", "1 when Coldharbor could read the tier, else 0.", labels=["tier"])
@@ -147,15 +160,8 @@ class _Figures(Collector):
 def build() -> bytes:
     """The exposition text of one scrape. PostgreSQL unreachable (or the connection missing) is
     `coldharbor_up{tier="postgres"} 0`, the reason in the server's log."""
-    from coldharbor_airflow.hooks import ColdharborHook
-
-    try:
-        figures = ColdharborHook().health()
-    except Exception:
-        log.exception("the metrics cannot read the hot tier")
-        figures = None
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Figures(figures))
+    registry.register(_Figures(read_figures()))
     return generate_latest(registry)
 
 
@@ -193,15 +199,8 @@ def publish_statsd() -> int:
     metrics are off); how many were sent."""
     from airflow.sdk.observability.stats import gauge
 
-    from coldharbor_airflow.hooks import ColdharborHook
-
-    try:
-        figures = ColdharborHook().health()
-    except Exception:
-        log.exception("the metrics cannot read the hot tier")
-        figures = None
     sent = 0
-    for family in families(figures):
+    for family in families(read_figures()):
         for sample in family.samples:
             gauge(statsd_name(sample.name, sample.labels), sample.value, tags=dict(sample.labels))
             sent += 1

@@ -3,47 +3,13 @@ its StatsD gauges sent through Airflow's metrics client to a real UDP socket."""
 
 from __future__ import annotations
 
-import socket
-
+from tests.dags.statsd_socket import received, statsd_listener, stop_sending
 from tests.helpers import PROJECT, dirty_ids, lake_live, pg_rows
-
-
-def statsd_listener(monkeypatch) -> socket.socket:
-    """A UDP socket on 127.0.0.1 that Airflow's metrics client sends to: [metrics] statsd_on, as a
-    deployment sets it. dag.test() runs tasks in this process, where no task runner's main() has
-    initialised Airflow's Stats from that configuration: the test does what main() does."""
-    from airflow.sdk.observability import stats
-    from airflow.sdk.observability.metrics.stats_utils import get_stats_factory
-
-    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.settimeout(0.2)
-    for key, value in {"STATSD_ON": "True", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": str(listener.getsockname()[1]),
-                       "STATSD_PREFIX": "airflow"}.items():
-        monkeypatch.setenv(f"AIRFLOW__METRICS__{key}", value)
-    stats.initialize(factory=get_stats_factory(), export_legacy_names=False)
-    return listener
-
-
-def received(listener: socket.socket) -> dict[str, float]:
-    """{name: value} of every gauge received so far (the last value of each)."""
-    gauges: dict[str, float] = {}
-    while True:
-        try:
-            datagram = listener.recv(65536).decode()
-        except TimeoutError:
-            return gauges
-        for line in datagram.splitlines():
-            name, _, value = line.partition(":")
-            if value.endswith("|g"):
-                gauges[name] = float(value.removesuffix("|g"))
 
 
 def test_one_cycle_exports_the_dirty_table_and_a_clean_cycle_maps_nothing(airflow_home, spark, pg_conn,
                                                                          table_name, tmp_path, monkeypatch):
     from airflow.dag_processing.dagbag import DagBag
-    from airflow.sdk.observability import stats
-    from airflow.sdk.observability.metrics.stats_utils import NoStatsLogger
     from delta.tables import DeltaTable
 
     from coldharbor_airflow.hooks import ColdharborHook
@@ -67,8 +33,7 @@ def test_one_cycle_exports_the_dirty_table_and_a_clean_cycle_maps_nothing(airflo
         clean = dag.test()
         sent = received(listener)
     finally:
-        stats.initialize(factory=NoStatsLogger, export_legacy_names=False)
-        listener.close()
+        stop_sending(listener)
     assert run.state == "success", run
     states = {(ti.task_id, ti.map_index): ti.state for ti in run.get_task_instances()}
     assert states[("export", 0)] == "success", states

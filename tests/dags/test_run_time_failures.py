@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from delta.tables import DeltaTable
 
+from tests.dags.statsd_socket import received, statsd_listener, stop_sending
 from tests.helpers import PROJECT, dirty_ids
 
 
@@ -145,13 +146,19 @@ def test_postgres_down_fails_the_cdc_dag_first_task_and_it_is_retried(airflow_ho
     probe_task = dag.get_task("tables_to_export")
     assert probe_task.retries >= 2 and probe_task.retry_exponential_backoff
     probe_task.retry_delay = timedelta(seconds=1)  # the retries themselves, not their back-off, are tested
-    run = dag.test()
+    listener = statsd_listener(monkeypatch)
+    try:
+        run = dag.test()
+        sent = received(listener)
+    finally:
+        stop_sending(listener)
     probe = next(ti for ti in run.get_task_instances() if ti.task_id == "tables_to_export")
     assert (run.state, probe.state) == ("failed", "failed")
     assert probe.try_number == probe_task.retries + 1  # tried, then retried each time it was allowed
     assert "export" not in {ti.task_id for ti in run.get_task_instances() if ti.state == "success"}
-    # The StatsD publisher runs beside the probe and says PostgreSQL is down (coldharbor.up.postgres 0).
+    # The StatsD publisher runs beside the probe and says PostgreSQL is down, and nothing else.
     assert {ti.task_id: ti.state for ti in run.get_task_instances()}["publish_metrics"] == "success"
+    assert sent == {"airflow.coldharbor.up.postgres": 0}
 
 
 def test_a_refused_report_fails_the_task_before_spark_submit_starts(airflow_home, pg_conn, table_name, tmp_path,

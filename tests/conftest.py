@@ -13,13 +13,14 @@ import pytest
 os.environ["TZ"] = "UTC"
 time.tzset()
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# Every JVM the tests start through spark-submit (this process's own, the Connect server's, each
-# job's, Airflow's) compiles with C1 only. The suite's JVMs live seconds or run small queries, and on
-# 2 cores C2's compiler threads took half of a job's CPU: one spark-submit of a 10-row count took
-# 30.4 CPU-s, 15.5 with C1 only; test_maintenance_process.py 247 s -> 153 s, the report corpus in
-# Spark 201 s -> 161 s (measured side by side, 2026-11-28). It changes no result, only JIT tiers.
-os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [os.environ.get("SPARK_SUBMIT_OPTS"),
-                                                         "-XX:TieredStopAtLevel=1"]))
+# The JVMs the tests start for seconds (each job's spark-submit, Airflow's, a Connect server started
+# for one test) compile with C1 only: on 2 cores C2's compiler threads took half of a short JVM's CPU
+# (one spark-submit of a 10-row count: 30.4 CPU-s, 15.5 with C1 only). The two JVMs that live for the
+# whole run, this process's own and the run's Connect server, keep the full JIT: once warm, C2's code
+# ran the same 19 in-process tests in 310 s against 400 s with C1 only (2026-11-28), and a whole run
+# with C1 only everywhere was far slower. The JIT tier changes no result.
+LONG_LIVED_SUBMIT_OPTS = os.environ.get("SPARK_SUBMIT_OPTS", "")
+os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [LONG_LIVED_SUBMIT_OPTS, "-XX:TieredStopAtLevel=1"]))
 
 from coldharbor import migrate, pg  # noqa: E402
 from coldharbor.stack import Logins, throwaway_server  # noqa: E402
@@ -105,7 +106,12 @@ def spark():
     os.environ.setdefault("COLDHARBOR_SPARK_MASTER", "local[2]")
     from coldharbor.spark import get_session
 
-    session = get_session("coldharbor-tests")
+    short_lived = os.environ["SPARK_SUBMIT_OPTS"]
+    os.environ["SPARK_SUBMIT_OPTS"] = LONG_LIVED_SUBMIT_OPTS  # this JVM lives for the whole run
+    try:
+        session = get_session("coldharbor-tests")
+    finally:
+        os.environ["SPARK_SUBMIT_OPTS"] = short_lived
     session.sparkContext.setLogLevel("ERROR")
     yield session
     from tests import jvm_watch
@@ -137,7 +143,8 @@ def connect_server(tmp_path_factory):
     <basetemp>/connect*/server.log), stopped with its process group at the end."""
     from tests.connect_server import running_server
 
-    with running_server(tmp_path_factory.mktemp("connect")) as server:
+    folder = tmp_path_factory.mktemp("connect")
+    with running_server(folder, env={"SPARK_SUBMIT_OPTS": LONG_LIVED_SUBMIT_OPTS}) as server:  # lives for the run
         yield server
 
 

@@ -158,7 +158,10 @@ def _job_over_connect_several_at_once(connect_server, pg_dsn, pg_conn, lake_root
         same_as_postgres(reader, pg_conn, lake_root, name, keys)
 
 
-@pytest.mark.parametrize("point", ["after_read", "during_write", "after_commit", "during_mark"])
+# Two points, one on each side of the lake commit: each export crash point alone (one table) is
+# exercised under spark-submit and over Connect by the consistency suite's fast profile; here, what
+# the other workers were doing when the job died is what is tested (each case took about 1.5 min).
+@pytest.mark.parametrize("point", ["during_write", "after_commit"])
 def test_a_cycle_killed_while_tables_export_at_once_converges(point, connect_server, on_connect, own_database,
                                                               lake_root):
     """The job killed (SIGKILL) at `point` of whichever table reaches it first, the other workers in

@@ -16,7 +16,10 @@ FAST_SEEDS = {
     2: ["load_during_write", "during_write", "compact_during_write"],
     3: ["load_after_commit", "after_commit", "during_vacuum"],
 }
-STEPS = 24
+# 16 random steps besides the crashes (24 until 2026-11-28; the suite outgrew CI's 90 minutes): the
+# seeds still check 4, 7 and 4 reports and run compaction in each mode (merge, auto, full); the long
+# profile (`make consistency`) runs 40 steps.
+STEPS = 16
 # The same crash points over Connect, on seeds of their own and shorter sequences (a crashed Connect
 # client costs no JVM start, but the whole profile runs inside `make test`).
 CONNECT_SEEDS = {seed + 3: points for seed, points in FAST_SEEDS.items()}

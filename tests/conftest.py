@@ -13,6 +13,13 @@ import pytest
 os.environ["TZ"] = "UTC"
 time.tzset()
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Delta rebuilds a table's state from its log in this many tasks, each generating the code of the
+# log's encoders again (a JFR of the test JVM found a third of its samples generating projections'
+# code, much of it for them). The suite's logs are a few commits long: one task reads them. 14
+# in-process tests took 218 s against 232 s with the default of 2 (2026-11-28); jobs and the Connect
+# server inherit it. No result depends on it.
+os.environ.setdefault("COLDHARBOR_DELTA_SNAPSHOT_PARTITIONS", "1")
+
 # The JVMs the tests start for seconds (each job's spark-submit, Airflow's, a Connect server started
 # for one test) compile with C1 only: on 2 cores C2's compiler threads took half of a short JVM's CPU
 # (one spark-submit of a 10-row count: 30.4 CPU-s, 15.5 with C1 only). The two JVMs that live for the

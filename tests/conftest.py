@@ -32,6 +32,31 @@ os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [LONG_LIVED_SUBMIT_OPTS,
 from coldharbor import migrate, pg  # noqa: E402
 from coldharbor.stack import Logins, throwaway_server  # noqa: E402
 
+_class_archive = None  # tests/class_archive.py: written while the first tests run
+
+
+def pytest_collection_finish(session):
+    global _class_archive
+    if os.environ.get("COLDHARBOR_TEST_CLASS_ARCHIVE", "1") == "1" and any(
+            not item.nodeid.startswith("tests/unit/") for item in session.items):
+        from tests.class_archive import Archive
+
+        _class_archive = Archive(os.environ["SPARK_SUBMIT_OPTS"])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Short-lived JVMs started from now on map the class archive in, once it is written."""
+    global _class_archive
+    if _class_archive is not None and (option := _class_archive.ready_option()) is not None:
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ['SPARK_SUBMIT_OPTS']} {option}"
+        _class_archive = None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _class_archive is not None:
+        _class_archive.stop()
+
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):

@@ -26,7 +26,15 @@ os.environ.setdefault("COLDHARBOR_DELTA_SNAPSHOT_PARTITIONS", "1")
 # whole run, this process's own and the run's Connect server, keep the full JIT: once warm, C2's code
 # ran the same 19 in-process tests in 310 s against 400 s with C1 only (2026-11-28), and a whole run
 # with C1 only everywhere was far slower. The JIT tier changes no result.
-LONG_LIVED_SUBMIT_OPTS = os.environ.get("SPARK_SUBMIT_OPTS", "")
+#
+# Every JVM of the run evaluates expressions interpreted instead of generating a class for each
+# projection, predicate and ordering (spark.sql.codegen.factoryMode=NO_CODEGEN; whole-stage code
+# generation stays on). A JFR of the warm test JVM found a third of its samples formatting generated
+# code, mostly the projections of Delta's log replay, done again for every snapshot of every tiny
+# table; five in-process key tests took 178 s against 306 s (2026-11-28, beside another run). Spark's own tests run both
+# modes: no result depends on it.
+LONG_LIVED_SUBMIT_OPTS = " ".join(filter(None, [os.environ.get("SPARK_SUBMIT_OPTS", ""),
+                                                "-Dspark.sql.codegen.factoryMode=NO_CODEGEN"]))
 os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [LONG_LIVED_SUBMIT_OPTS, "-XX:TieredStopAtLevel=1"]))
 
 from coldharbor import migrate, pg  # noqa: E402

@@ -17,7 +17,7 @@ from typing import Any
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Connection, Variable
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from coldharbor_airflow.connect_run import (
     DEFAULT_SPARK_CONN_ID,
@@ -118,7 +118,9 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
 
     def refuse_before_submit(self) -> None:
         """A report the sandbox refuses fails here, in the worker, before spark-submit starts a JVM
-        (the job would refuse it too, 20 s later); the refusal is recorded as a failed run."""
+        (the job would refuse it too, 20 s later); the refusal is recorded as a failed run. A retry
+        would be refused the same way (the report, its arguments or its tables are what is wrong),
+        so the task fails without one."""
         import_jobs_package()
         from coldharbor.serve_cli import refusal
 
@@ -126,7 +128,7 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
         message = refusal([*self.job_args, "--lake-root", lake_root], ColdharborHook(self.coldharbor_conn_id).dsn())
         if message is not None:
             self.log.error("serve_report refused the report: %s", message)
-            raise AirflowException(f"serve_report refused the report before Spark started: {message}")
+            raise AirflowFailException(f"serve_report refused the report before Spark started: {message}")
 
     @contextmanager
     def prepared_submit(self) -> Iterator[None]:

@@ -165,7 +165,7 @@ def test_a_refused_report_fails_the_task_before_spark_submit_starts(airflow_home
                                                                     monkeypatch):
     """The sandbox's refusal runs in the worker: no spark-submit (so no JVM), one failed run row,
     and the marker a shell command would have made is not there."""
-    from airflow.sdk.exceptions import AirflowException
+    from airflow.sdk.exceptions import AirflowFailException
     from coldharbor_airflow.operators import ColdharborSparkJobOperator
 
     monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", str(tmp_path / "lake"))
@@ -178,7 +178,7 @@ def test_a_refused_report_fails_the_task_before_spark_submit_starts(airflow_home
         task_id="serve", job="serve_report.py",
         job_args=["--sql", f"SELECT TRANSFORM(v) USING 'touch {marker}' AS (x) FROM {table_name}",
                   "--target", "adhoc_owned", "--run-id", f"refused-{table_name}"])
-    with pytest.raises(AirflowException, match="refused the report before Spark started: .*TRANSFORM"):
+    with pytest.raises(AirflowFailException, match="refused the report before Spark started: .*TRANSFORM"):
         operator.execute({})
     assert submitted == [] and not marker.exists()
     assert pg_conn.execute("SELECT state FROM coldharbor.report_runs WHERE run_id = %s",

@@ -90,6 +90,7 @@ class Archive:
             os.killpg(self._writer.pid, 9)
             self._writer.wait()
             self._partial.unlink(missing_ok=True)
+            shutil.rmtree(self._work, ignore_errors=True)
 
 
 def _workload(lake: str) -> None:

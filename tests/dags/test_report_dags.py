@@ -269,7 +269,8 @@ def test_the_adhoc_form_refuses_neither_or_both_before_spark_starts(airflow_home
     conf = {key: value.format(t=table_name, r=name) for key, value in given.items()}
     run = dagbag().dags["coldharbor_adhoc_report"].test(run_conf={**conf, "target": "adhoc_refused"})
     [serve] = [ti for ti in run.get_task_instances() if ti.task_id == "serve"]
-    assert run.state == "failed" and (serve.state, serve.try_number) == ("failed", 1)  # not retried: it would be refused again
+    # not retried: a retry would be refused the same way
+    assert run.state == "failed" and (serve.state, serve.try_number) == ("failed", 1)
     output = "".join(capfd.readouterr())
     assert refusal in output and "refused the report before Spark started" in output
     assert "TypeError" not in output and submitted == []

@@ -136,10 +136,9 @@ def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
     share `part` of the dirty keys (by a hash of the key, so all changes of a key are together).
     """
     keys = [c for c in columns if c.is_key]
-    share = sql.SQL("")
-    if parts > 1:
-        share = sql.SQL(" AND (jsonb_hash(c.key) & 2147483647) % {} = {}").format(sql.Literal(parts),
-                                                                               sql.Literal(part))
+    share = _share(part, parts)
+    if table.history == "exact":
+        return exact_images_query(table, columns, changed_at, relation, share)
 
     def value_of(c: LakeColumn) -> sql.Composable:
         return (sql.SQL("d.{}").format(_key_column(keys.index(c))) if c.is_key
@@ -166,6 +165,100 @@ def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
         change_time=changed_at, dirty=_dirty_changes(table), share=share,
         group_by=sql.SQL(", ").join(sql.SQL(str(i + 1)) for i in range(len(keys))),
         columns=checked_select(columns, value_of, through_jdbc=True),
+        first_key=sql.Identifier(keys[0].name), deleted=sql.Identifier(DELETED), seq=sql.Identifier(SEQ),
+        changed_at=sql.Identifier(CHANGED_AT), first_changed_at=sql.Identifier(FIRST_CHANGED_AT),
+        table=relation or table.identifier,
+        key_match=sql.SQL(" AND ").join(sql.SQL("t.{} = d.{}").format(sql.Identifier(c.name), _key_column(i))
+                                        for i, c in enumerate(keys)))
+
+
+def _share(part: int, parts: int) -> sql.Composable:
+    """The change rows of the share `part` of `parts` of the dirty keys (all changes of a key together)."""
+    if parts == 1:
+        return sql.SQL("")
+    return sql.SQL(" AND (jsonb_hash(c.key) & 2147483647) % {} = {}").format(sql.Literal(parts), sql.Literal(part))
+
+
+def logged_image_value(column: LakeColumn, image: str) -> sql.Composable:
+    """A column of a change's logged row image (`change_log.image`, row_to_json of the row: sql/021),
+    read back through the column type's input function; NULL when the image has no such key (the
+    column was added since). json and jsonb values are taken as JSON text, the others as their text."""
+    operator = "->" if column.pg_type in ("json", "jsonb") else "->>"
+    return sql.SQL("({} {} {})::{}").format(sql.SQL(image), sql.SQL(operator), sql.Literal(column.name),
+                                           sql.SQL(column.pg_type))
+
+
+def _image_usable(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sql.Composable:
+    """True for a logged image an export can write as the row after its change: one was logged, after
+    the table's last rebase request (before it, the image holds the old shape or old values), with no
+    json null in a json or jsonb column (it cannot tell SQL NULL from JSON null) and every value one
+    the lake holds (a value of the past cannot be changed to one it does; the change's span then
+    stays one image, as without exact history)."""
+    image = sql.SQL("c.image")
+    tests = [sql.SQL("c.image IS NOT NULL"),
+             sql.SQL("c.created_at > (SELECT coalesce(max(r.requested_at), '-infinity') FROM coldharbor.rebases r "
+                     "WHERE r.table_id = {})").format(sql.Literal(table.table_id))]
+    for c in columns:
+        if c.is_key:
+            continue
+        if c.pg_type in ("json", "jsonb"):
+            tests.append(sql.SQL("coalesce(json_typeof({} -> {}) <> 'null', true)").format(image, sql.Literal(c.name)))
+        check = lake_values.held(c, logged_image_value(c, "c.image"), through_jdbc=True)
+        if check is not None:
+            tests.append(sql.SQL("coalesce({}, true)").format(check))
+    return sql.SQL(" AND ").join(tests)
+
+
+def exact_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], changed_at: sql.Composable,
+                       relation: sql.Composable | None, share: sql.Composable) -> sql.Composed:
+    """`dirty_images_query` for a table with exact history (sql/021): besides one row per dirty key
+    (its image now, as for any table), one row per earlier change of the key in the batch, the row
+    as that change left it (its logged image; a delete marker for a delete), with the change's own
+    sequence and time. Each row's `_ch_first_changed_at` is the first change since the key's
+    previous row in the batch: a change with no usable image (`_image_usable`) joins the span of
+    the row after it, which an as-of report then refuses inside, as it does for every table."""
+    keys = [c for c in columns if c.is_key]
+    typed_keys = sql.SQL(", ").join(_key_column(i) for i in range(len(keys)))
+
+    def final_value(c: LakeColumn) -> sql.Composable:
+        return (sql.SQL("d.{}").format(_key_column(keys.index(c))) if c.is_key
+                else sql.SQL("t.{}").format(sql.Identifier(c.name)))
+
+    def history_value(c: LakeColumn) -> sql.Composable:
+        return (sql.SQL("h.{}").format(_key_column(keys.index(c))) if c.is_key else logged_image_value(c, "h.image"))
+
+    return sql.SQL("""
+        WITH logged AS (
+            SELECT {key_values}, c.id, {change_time} AS change_at, c.op,
+                   CASE WHEN c.op <> 'D' AND {usable} THEN c.image END AS image
+            FROM coldharbor.change_log c
+            WHERE {dirty}{share}),
+        changes AS (
+            SELECT *, row_number() OVER (PARTITION BY {typed_keys} ORDER BY id DESC) = 1 AS newest FROM logged),
+        rows_of AS (
+            SELECT *, NOT newest AND (op = 'D' OR image IS NOT NULL) AS history FROM changes),
+        numbered AS (
+            SELECT *, count(*) FILTER (WHERE history) OVER (PARTITION BY {typed_keys} ORDER BY id
+                                                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS span
+            FROM rows_of),
+        spans AS (
+            SELECT *, min(change_at) OVER (PARTITION BY {typed_keys}, span) AS first_at FROM numbered)
+        SELECT {final_columns}, t.{first_key} IS NULL AS {deleted}, d.id AS {seq}, d.change_at AS {changed_at},
+               d.first_at AS {first_changed_at}
+        FROM spans d LEFT JOIN {table} t ON {key_match}
+        WHERE d.newest
+        UNION ALL
+        SELECT {history_columns}, h.op = 'D' AS {deleted}, h.id AS {seq}, h.change_at AS {changed_at},
+               h.first_at AS {first_changed_at}
+        FROM spans h
+        WHERE h.history""").format(
+        key_values=sql.SQL(", ").join(
+            sql.SQL("(c.key ->> {})::{} AS {}").format(sql.Literal(c.name), sql.SQL(c.pg_type), _key_column(i))
+            for i, c in enumerate(keys)),
+        change_time=changed_at, usable=_image_usable(table, columns), typed_keys=typed_keys,
+        dirty=_dirty_changes(table), share=share,
+        final_columns=checked_select(columns, final_value, through_jdbc=True),
+        history_columns=checked_select(columns, history_value, through_jdbc=True),
         first_key=sql.Identifier(keys[0].name), deleted=sql.Identifier(DELETED), seq=sql.Identifier(SEQ),
         changed_at=sql.Identifier(CHANGED_AT), first_changed_at=sql.Identifier(FIRST_CHANGED_AT),
         table=relation or table.identifier,

@@ -112,6 +112,7 @@ class Run:
     export_instants: list = field(default_factory=list)
 
     prefilled: bool | None = None  # None: the seed decides
+    exact: bool | None = None      # p_history => 'exact' (sql/021); None: the seed decides
     connect_url: str | None = None  # the jobs run as clients of this Spark Connect server
 
     def __post_init__(self) -> None:
@@ -132,11 +133,15 @@ class Run:
             # Rows the table holds before it is registered: they reach the lake by its initial load.
             self.committed_write("bulk_insert")
             self.committed_write("insert")
+        if self.exact is None:  # even seeds; no random draw: the seeds' steps stay as they were
+            self.exact = self.seed % 2 == 0
         # A hot retention of a millisecond: cleanup evicts every flushed, unchanged row.
-        self.conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => interval '1 millisecond')",
-                          (self.table,))
+        self.conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => interval '1 millisecond', "
+                          "p_history => %s)", (self.table, "exact" if self.exact else "latest"))
         if self.prefilled:
             self.trace.append("registered with rows")
+        if self.exact:
+            self.trace.append("registered with exact history: no as-of instant may be refused as a span")
         self.stamp()
 
     # -- bookkeeping --------------------------------------------------------------------------
@@ -524,6 +529,9 @@ class Run:
                 self.fail(f"as-of {at.isoformat()} was refused as after a base, but none landed: {error}")
             self.trace.append(f"report as of {at.isoformat()}: refused, a base landed after the pin (correct)")
         elif "cannot be answered exactly" in error:
+            if self.exact and not self.in_rebase_window(at):
+                self.fail(f"as-of {at.isoformat()} was refused as inside a span of changes exported together, but "
+                          f"the table keeps exact history (every change's image): {error}")
             if not self.exported_together_around(at):
                 self.fail(f"as-of {at.isoformat()} was refused as inside a span of changes exported together, "
                           f"but the lake has no such span: {error}")

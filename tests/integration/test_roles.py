@@ -10,7 +10,7 @@ import pytest
 from coldharbor import pg, roles
 
 APP_ENTRY_POINTS = {"register_table", "register_table_as_owner", "check_may_register", "grant_capture_privileges",
-                    "put_entity", "delete_entity"}
+                    "set_history_as_owner", "put_entity", "delete_entity"}
 
 
 @pytest.fixture()
@@ -124,14 +124,24 @@ def test_an_application_cannot_register_a_table_it_does_not_own(app, app_logins,
     victim = f"public.{table_name}"
     _, other_dsn = app_logins()
     with pg.connect(other_dsn) as other:
-        for call in ("coldharbor.register_table(%s)",
-                     "coldharbor.register_table_as_owner(%s, NULL, '{}', '{}', NULL)"):
+        for call in ("coldharbor.register_table(%s)", "coldharbor.register_table(%s, p_history => 'exact')",
+                     "coldharbor.register_table_as_owner(%s, NULL, '{}', '{}', NULL)",
+                     "coldharbor.set_history_as_owner(%s, 'exact')"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege,
                                match=f"cannot register {victim}: role app_.* does not own it .its owner is {owner}"):
                 other.execute(f"SELECT {call}", (victim,))
     assert pg_conn.execute("SELECT count(*) FROM coldharbor.tables WHERE table_name = %s",
                            (table_name,)).fetchone()[0] == 0
     assert not pg_conn.execute("SELECT has_table_privilege(%s, %s, 'SELECT')", (roles.PIPELINE, victim)).fetchone()[0]
+
+
+def test_an_application_keeps_exact_history_of_its_own_table(app, pg_conn):
+    name, conn = app
+    conn.execute("SELECT coldharbor.register_table(%s, p_history => 'exact')", (name,))
+    conn.execute(f"UPDATE {name} SET v = 'changed' WHERE id = 1")
+    assert pg_conn.execute("""SELECT c.image::text FROM coldharbor.change_log c JOIN coldharbor.tables t USING (table_id)
+                              WHERE t.schema_name || '.' || t.table_name = %s ORDER BY c.id DESC LIMIT 1""",
+                           (name,)).fetchone()[0] == '{"id":1,"v":"changed"}'
 
 
 def test_registering_grants_the_pipeline_read_access_and_only_an_admin_picks_a_lake_location(app, pg_conn):

@@ -1,0 +1,228 @@
+"""Exact history (issue 26, part 1; sql/021): a table registered with p_history => 'exact' logs the
+row image of every change, the export writes one lake row per change, and an as-of report is
+answered exactly for any instant, however often a key changed between two exports; a table with
+the default history refuses those instants as before. Against real PostgreSQL and Spark + Delta."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+
+from tests.helpers import export, report_run, serve_report
+
+# Every column type the lake accepts, with values an image must bring back exactly.
+COLUMNS = """id bigint PRIMARY KEY, f8 double precision, f4 real, n numeric(12,3), s smallint, b boolean,
+             tx text, ch char(5), vc varchar(20), d date, ts timestamp, tz timestamptz, u uuid, by bytea,
+             j json NOT NULL, jb jsonb NOT NULL"""
+VALUES = [
+    ("(1, '-0', '-0', -0.000, -32768, true, E'quote '' \"dq\" \\\\ back\\nnew line\\ttab é ☃', 'ab', '', "
+     "'2026-11-28', '2026-11-28 10:00:00.000001', '2026-11-28 10:00:00.123456+05', "
+     "'5ee14bce-7c20-41c5-bacb-d9171671d336', '\\x00ff', '{\"a\" :1, \"a\":2}', 'null')"),
+    ("(2, 'NaN', 'Infinity', 123456789.125, 0, false, '', '     ', 'x', '0001-01-01', '9999-12-31 23:59:59.999999', "
+     "'1970-01-01 00:00:00+00', NULL, '\\x', '[ ]', '{\"k\": null}')"),
+    "(3, 1e308, 1.17549435e-38, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, '\"x\"', '\"y\"')",
+]
+
+
+def instant(conn: psycopg.Connection):
+    """A time between two transactions (commit timestamps on both sides are apart from it)."""
+    time.sleep(0.02)
+    at = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+    time.sleep(0.02)
+    return at
+
+
+def rows_as_text(conn: psycopg.Connection, relation: str) -> dict[int, str]:
+    """Each row as PostgreSQL prints it (every value through its type's output function)."""
+    return dict(conn.execute(f"SELECT id, t::text FROM {relation} t").fetchall())
+
+
+def busy_history(conn: psycopg.Connection, name: str) -> list[tuple]:
+    """A workload that changes keys several times between two exports, and (instant, the table as
+    PostgreSQL held it then) after each step."""
+    steps = [
+        [f"UPDATE {name} SET f8 = 1.5, tx = 'second', jb = '[1, 2.50]' WHERE id = 1"],
+        [f"DELETE FROM {name} WHERE id = 2", f"UPDATE {name} SET f8 = '-Infinity', n = 0.001 WHERE id = 3"],
+        [f"INSERT INTO {name} VALUES {VALUES[1].replace('(2,', '(2,', 1)}",        # the key comes back
+         f"UPDATE {name} SET tx = 'in the same transaction' WHERE id = 2"],
+        [f"UPDATE {name} SET id = 4 WHERE id = 3"],                               # a key changed
+        [f"UPDATE {name} SET ch = 'z', by = '\\xdeadbeef', j = '{{\"x\":   [1,2]}}' WHERE id IN (1, 2, 4)"],
+    ]
+    history = []
+    for statements in steps:
+        with conn.transaction():
+            for statement in statements:
+                conn.execute(statement)
+        history.append((instant(conn), rows_as_text(conn, name)))
+    return history
+
+
+def make_table(conn: psycopg.Connection, name: str, history: str) -> None:
+    conn.execute(f"CREATE TABLE {name} ({COLUMNS})")
+    conn.execute(f"INSERT INTO {name} VALUES {', '.join(VALUES)}")  # rows before the registration
+    conn.execute("SELECT coldharbor.register_table(%s, p_history => %s)", (name, history))
+
+
+def as_of(monkeypatch, dsn, lake_root, name, at, run_id) -> int:
+    return serve_report(monkeypatch, dsn, lake_root, "--sql", f"SELECT * FROM {name}", "--target", f"adhoc_{name}",
+                        "--as-of", at.isoformat(), "--run-id", run_id)
+
+
+def test_every_instant_between_two_exports_is_answered_exactly(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                               monkeypatch):
+    make_table(pg_conn, table_name, "exact")
+    export(spark, pg_dsn, table_name, lake_root)                       # the initial load
+    loaded = (instant(pg_conn), rows_as_text(pg_conn, table_name))
+    history = busy_history(pg_conn, table_name)
+    result = export(spark, pg_dsn, table_name, lake_root)
+    # One lake row per change: 1 + 2 + 2 + 2 (a key change: a delete and an insert) + 3.
+    assert (result.changes, result.rows) == (10, 10)
+
+    for i, (at, expected) in enumerate([loaded, *history]):
+        run_id = f"exact-{i}-{table_name}"
+        assert as_of(monkeypatch, pg_dsn, lake_root, table_name, at, run_id) == 0, report_run(pg_conn, run_id)
+        assert rows_as_text(pg_conn, f"reports.adhoc_{table_name}") == expected, f"as of step {i}"
+
+
+def test_without_exact_history_the_same_instants_are_refused(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                             monkeypatch):
+    make_table(pg_conn, table_name, "latest")
+    export(spark, pg_dsn, table_name, lake_root)
+    history = busy_history(pg_conn, table_name)
+    result = export(spark, pg_dsn, table_name, lake_root)
+    assert (result.changes, result.rows) == (10, 4)                    # one image per key
+    run_id = f"latest-{table_name}"
+    assert as_of(monkeypatch, pg_dsn, lake_root, table_name, history[1][0], run_id) == 2
+    assert "changed more than once between two exports" in report_run(pg_conn, run_id)["error"]
+    assert pg_conn.execute("SELECT count(*) FROM coldharbor.change_log WHERE image IS NOT NULL "
+                           "AND table_id = (SELECT table_id FROM coldharbor.tables WHERE table_name = %s)",
+                           (table_name,)).fetchone()[0] == 0
+
+
+def test_an_image_the_lake_cannot_hold_leaves_its_span_refused_and_the_export_going(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
+    """A past value the lake cannot hold (a date at infinity) can never be changed to one it can:
+    that change's image is not written, its span stays one lake row (refused inside, as for any
+    table), and the export does not wait for it. So does a json null in a json or jsonb column
+    (key 1's jb): an image cannot tell it from SQL NULL."""
+    make_table(pg_conn, table_name, "exact")
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"UPDATE {table_name} SET d = 'infinity' WHERE id = 2")
+    inside = instant(pg_conn)
+    pg_conn.execute(f"UPDATE {table_name} SET d = '2000-01-01', tx = 'held' WHERE id = 2")
+    pg_conn.execute(f"UPDATE {table_name} SET tx = 'later' WHERE id = 2")
+    after_held = instant(pg_conn)
+    pg_conn.execute(f"UPDATE {table_name} SET tx = 'last' WHERE id = 2")
+    expected_after_held = rows_as_text(pg_conn, table_name)
+    expected_after_held[2] = expected_after_held[2].replace(",last,", ",later,")
+    result = export(spark, pg_dsn, table_name, lake_root)
+    assert (result.changes, result.rows) == (4, 3)
+
+    run_id = f"inside-{table_name}"
+    assert as_of(monkeypatch, pg_dsn, lake_root, table_name, inside, run_id) == 2
+    assert "changed more than once between two exports" in report_run(pg_conn, run_id)["error"]
+    assert as_of(monkeypatch, pg_dsn, lake_root, table_name, after_held, f"held-{table_name}") == 0
+    assert rows_as_text(pg_conn, f"reports.adhoc_{table_name}") == expected_after_held
+
+    pg_conn.execute(f"UPDATE {table_name} SET tx = 'json null kept' WHERE id = 1")
+    inside = instant(pg_conn)
+    pg_conn.execute(f"UPDATE {table_name} SET tx = 'again' WHERE id = 1")
+    assert export(spark, pg_dsn, table_name, lake_root).rows == 1
+    run_id = f"json-null-{table_name}"
+    assert as_of(monkeypatch, pg_dsn, lake_root, table_name, inside, run_id) == 2
+    assert "changed more than once between two exports" in report_run(pg_conn, run_id)["error"]
+
+
+@pytest.mark.parametrize(("ddl", "history", "message"), [
+    ("id int PRIMARY KEY, doc jsonb", "exact",
+     ("cannot keep exact history of {t}: column doc (jsonb) may be NULL, and a row image cannot tell its SQL NULL "
+      "from a JSON null")),
+    ("id int PRIMARY KEY, \"Odd\"\"Name\" json", "exact",
+     "cannot keep exact history of {t}: column \"Odd\"\"Name\" (json) may be NULL"),
+    ("id int PRIMARY KEY, v text", "Exact", "p_history must be 'latest' or 'exact', not 'Exact'"),
+    ("id int PRIMARY KEY, v text", "exact'; DROP TABLE x; --", "p_history must be 'latest' or 'exact', not 'exact''; DROP"),
+])
+def test_exact_history_refused_at_registration_names_the_column(pg_conn, table_name, ddl, history, message):
+    pg_conn.execute(f"CREATE TABLE {table_name} ({ddl})")
+    with pytest.raises(psycopg.Error) as refused:
+        pg_conn.execute("SELECT coldharbor.register_table(%s, p_history => %s)", (table_name, history))
+    assert message.format(t=f"public.{table_name}") in str(refused.value)
+    assert pg_conn.execute("SELECT count(*) FROM coldharbor.tables WHERE table_name = %s",
+                           (table_name,)).fetchone()[0] == 0
+
+
+def test_registering_again_keeps_the_history_unless_asked(pg_conn, table_name):
+    pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, v text, doc jsonb NOT NULL DEFAULT '{{}}')")
+
+    def history() -> str:
+        return pg_conn.execute("SELECT history FROM coldharbor.tables WHERE table_name = %s",
+                               (table_name,)).fetchone()[0]
+
+    def images() -> list:
+        return [r[0] for r in pg_conn.execute(
+            "SELECT image::text FROM coldharbor.change_log c JOIN coldharbor.tables t USING (table_id) "
+            "WHERE t.table_name = %s ORDER BY c.id", (table_name,)).fetchall()]
+
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    assert history() == "latest"
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_history => 'exact')", (table_name,))
+    pg_conn.execute(f"INSERT INTO {table_name} (id, v) VALUES (1, 'a')")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    assert history() == "exact"
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'b'")
+    pg_conn.execute(f"DELETE FROM {table_name}")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_history => 'latest')", (table_name,))
+    pg_conn.execute(f"INSERT INTO {table_name} (id, v) VALUES (2, 'c')")
+    assert images() == ['{"id":1,"v":"a","doc":{}}', '{"id":1,"v":"b","doc":{}}', None, None]
+
+
+def feed_as_text(conn: psycopg.Connection, name: str, target: str) -> set[tuple[str, str]]:
+    """(change type, the row's table columns as PostgreSQL prints them) of a change feed's rows."""
+    listed = conn.execute("SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute "
+                          "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped", (name,)).fetchone()[0]
+    rows = conn.execute(f"SELECT _change_type, ROW({listed})::text FROM reports.{target}").fetchall()
+    assert len(set(rows)) == len(rows), "a change twice in the feed"
+    return set(rows)
+
+
+def expected_feed(before: dict[int, str], after: dict[int, str]) -> set[tuple[str, str]]:
+    rows = set()
+    for key in before.keys() | after.keys():
+        old, new = before.get(key), after.get(key)
+        if old is None:
+            rows.add(("insert", new))
+        elif new is None:
+            rows.add(("delete", old))
+        elif old != new:
+            rows |= {("update_preimage", old), ("update_postimage", new)}
+    return rows
+
+
+def test_the_change_feed_between_instants_inside_one_export_is_the_net_difference(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
+    """Issue 26, part 4: with every change's image in the lake (and, for `now`, in PostgreSQL's
+    dirty set), a feed may start and end between two changes of a key exported together, and its
+    pre- and post-images are the captured ones."""
+    from coldharbor import changes
+
+    make_table(pg_conn, table_name, "exact")
+    export(spark, pg_dsn, table_name, lake_root)
+    history = busy_history(pg_conn, table_name)
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"UPDATE {table_name} SET tx = 'dirty one' WHERE id = 1")
+    dirty_between = (instant(pg_conn), rows_as_text(pg_conn, table_name))
+    pg_conn.execute(f"UPDATE {table_name} SET tx = 'dirty two' WHERE id = 1")
+    pg_conn.execute(f"DELETE FROM {table_name} WHERE id = 4")
+    now = rows_as_text(pg_conn, table_name)
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+
+    windows = [(history[0], history[2], "a"), (history[2], history[4], "b"), (history[0], history[4], "c"),
+               (history[1], (None, now), "d"), (dirty_between, (None, now), "e")]
+    for (start, before), (end, after), target in windows:
+        target = f"changes_{table_name}_{target}"
+        to = "now" if end is None else end.isoformat()
+        assert changes.main(["--table", table_name, "--from", start.isoformat(), "--to", to, "--target", target,
+                             "--lake-root", lake_root]) == 0, target
+        assert feed_as_text(pg_conn, table_name, target) == expected_feed(before, after), target

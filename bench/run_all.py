@@ -6,8 +6,19 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench import (change_feed, engine, entities, initial_load, maintenance, orchestration, read_path,
-                   report_refusal, report_sink, write_path)
+from bench import (
+    change_feed,
+    engine,
+    entities,
+    exact_history,
+    initial_load,
+    maintenance,
+    orchestration,
+    read_path,
+    report_refusal,
+    report_sink,
+    write_path,
+)
 from bench.common import render
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -15,7 +26,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def main() -> int:
     rows = (write_path.run() + entities.run() + read_path.run() + maintenance.run() + orchestration.cycle()
-            + initial_load.run() + report_refusal.run() + report_sink.run() + change_feed.run()
+            + initial_load.run() + report_refusal.run() + report_sink.run() + change_feed.run() + exact_history.run()
             + engine.run(quick=False, cycles=500))
     table = render(rows)
     print(table)

@@ -92,6 +92,13 @@ def export_throughput(dsn: str, lake_root: str, keys: int, per_key: int) -> list
                 conn.execute(f"UPDATE {name} SET qty = qty + 1, updated_at = now()")
             conn.execute(f"VACUUM ANALYZE {name}")
         conn.execute("VACUUM ANALYZE coldharbor.change_log")
+        image_bytes = conn.execute(
+            "SELECT avg(coalesce(pg_column_size(c.image), 0)), avg(pg_column_size(c.*)) FROM coldharbor.change_log c "
+            "JOIN coldharbor.tables t USING (table_id) WHERE t.table_name = 'export_exact'").fetchone()
+        rows += [Row("exact history", "change_log: bytes of a 10-column row image", float(image_bytes[0]), "bytes",
+                     "", None),
+                 Row("exact history", "change_log: bytes of a change row with its image", float(image_bytes[1]),
+                     "bytes", "", None)]
         for history in HISTORIES:
             name = f"public.export_{history}"
             [table] = load(conn, name)

@@ -4,13 +4,14 @@
 -- history window, however often a key changed between two exports.
 --
 -- The image is row_to_json(n.*) of the row as the statement's transition table holds it, kept as json (not
--- jsonb): json keeps each value's text as PostgreSQL printed it, and the export reads it back
+-- jsonb): json keeps each value's text as PostgreSQL printed it (floats with extra_float_digits = 3,
+-- set on the logging functions: the writer's session may have fewer), and the export reads it back
 -- through the column type's input function (`(image ->> 'c')::type`), which gives the same value
--- for every type the lake accepts (a float's -0, NaN and infinities, dates before Christ, json's
--- own spacing and duplicate keys). The one thing an image cannot tell is a json or jsonb column's
--- SQL NULL from its JSON null (both print null): exact history refuses a nullable json or jsonb
--- column at registration, and the export treats an image holding null in such a column (one added
--- since) as no image at all.
+-- for every type the lake accepts (a float's -0, NaN and infinities, dates before Christ). What an
+-- image cannot hold, exact history refuses at registration, naming the column: a virtual generated
+-- column (a transition table holds NULL there), a json column (the spaces around its value are
+-- lost), and a nullable jsonb column (SQL NULL and JSON null both print null). The export treats an
+-- image as none when such a column appeared since (`hot_reader._image_usable`).
 --
 -- 'latest' (the default, and every table registered before) logs no image, exactly as before.
 -- Changing a table's history reinstalls its capture; images logged before a rebase request (DDL
@@ -27,10 +28,30 @@ LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r record;
 BEGIN
+    SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS pg_type INTO r
+      FROM pg_attribute a
+     WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = 'v'
+     ORDER BY a.attnum LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'cannot keep exact history of %: column % is a virtual generated column, which a row '
+                        'image does not hold', p_table, quote_ident(r.name)
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Make it STORED, or register the table without p_history => ''exact''.';
+    END IF;
+    SELECT a.attname::text AS name, format_type(b.base_type, b.base_typmod) AS pg_type INTO r
+      FROM pg_attribute a CROSS JOIN LATERAL coldharbor.base_type(a.atttypid, a.atttypmod) b
+     WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped AND b.base_type = 'json'::regtype
+     ORDER BY a.attnum LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'cannot keep exact history of %: column % is json, whose text a row image does not keep '
+                        'exactly (the spaces around a value are lost)', p_table, quote_ident(r.name)
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Use jsonb, or register the table without p_history => ''exact''.';
+    END IF;
     SELECT a.attname::text AS name, format_type(b.base_type, b.base_typmod) AS pg_type INTO r
       FROM pg_attribute a CROSS JOIN LATERAL coldharbor.base_type(a.atttypid, a.atttypmod) b
      WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped AND NOT a.attnotnull
-       AND b.base_type IN ('json'::regtype, 'jsonb'::regtype)
+       AND b.base_type = 'jsonb'::regtype
      ORDER BY a.attnum LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'cannot keep exact history of %: column % (%) may be NULL, and a row image cannot tell '
@@ -121,7 +142,7 @@ BEGIN
 
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION %s_ins() RETURNS trigger
-        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $b$
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET extra_float_digits = 3 AS $b$
         BEGIN
             INSERT INTO coldharbor.change_log (table_id, key, op, image)
             SELECT %s, %s, 'I', %s FROM new_rows n;
@@ -145,7 +166,7 @@ BEGIN
     -- An UPDATE that changes a key logs a delete of the old key and an insert of the new one.
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION %s_upd() RETURNS trigger
-        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $b$
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET extra_float_digits = 3 AS $b$
         BEGIN
             INSERT INTO coldharbor.change_log (table_id, key, op, image)
             SELECT %s,

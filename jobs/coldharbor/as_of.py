@@ -131,14 +131,21 @@ def rebase_refusal(as_of: datetime, table: RegisteredTable, window: RebaseWindow
             f"export writes it, reports read the table from PostgreSQL alone; {ask}")
 
 
-def lake_as_of(rows: DataFrame, columns: Sequence[LakeColumn], as_of: datetime, table: str) -> DataFrame:
+def lake_as_of(rows: DataFrame, columns: Sequence[LakeColumn], as_of: datetime, table: str,
+               exact: bool = False) -> DataFrame:
     """The table as of `as_of` from its lake rows, or ReportError when the lake cannot know it
-    (`refuse_inexact`)."""
-    refuse_inexact(rows, as_of, table)
+    (`refuse_inexact`; `exact`: the table keeps exact history)."""
+    refuse_inexact(rows, as_of, table, exact)
     return rows.transform(cold_live(columns, as_of))
 
 
-def refuse_inexact(rows: DataFrame, as_of: datetime, table: str) -> None:
+# Why a table with exact history (sql/021) still has a span of changes in one lake row.
+NO_IMAGE = ("have changes around that instant with no row image the lake could hold (logged before the table "
+            "kept exact history or before a rebase, brought in by ATTACH PARTITION, or holding a value the lake "
+            "cannot hold or a JSON null)")
+
+
+def refuse_inexact(rows: DataFrame, as_of: datetime, table: str, exact: bool = False) -> None:
     """ReportError when lake rows `rows` hold no exact state of `table` at `as_of`.
 
     An export writes one image per key for all of the key's changes since the previous export; a
@@ -153,10 +160,11 @@ def refuse_inexact(rows: DataFrame, as_of: datetime, table: str) -> None:
                           F.date_format(F.min(column(FIRST_CHANGED_AT)), iso).alias("start"),
                           F.date_format(F.max(column(CHANGED_AT)), iso).alias("end")).first()
         if found["keys"]:
+            why = (NO_IMAGE if exact else "changed more than once between two exports around that instant, and the "
+                   "lake holds one version per key per export")
             raise ReportError(
-                f"as-of {as_of.isoformat()} cannot be answered exactly for {table}: {found['keys']} key(s) changed "
-                "more than once between two exports around that instant, and the lake holds one version per key "
-                f"per export; the nearest exact instants are before {found['start']} or from {found['end']} on")
+                f"as-of {as_of.isoformat()} cannot be answered exactly for {table}: {found['keys']} key(s) {why}; "
+                f"the nearest exact instants are before {found['start']} or from {found['end']} on")
     else:
         log.warning("%s: lake rows written before %s existed; as-of answers inside a span of changes exported "
                     "together cannot be told apart", table, FIRST_CHANGED_AT)

@@ -261,7 +261,7 @@ def read_feed(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget
         refuse_rebase_inside(table, hot.rebase_windows, start, end)
         for flag, instant in (("--from", start), ("--to", end)):
             try:
-                refuse_inexact(rows, instant, table.qualified_name)
+                refuse_inexact(rows, instant, table.qualified_name, table.history == "exact")
             except ReportError as exc:
                 raise ReportError(f"{flag}: {exc}") from None
         from coldharbor.spark import local_checkpoint, temporary_conf

@@ -191,13 +191,20 @@ def logged_image_value(column: LakeColumn, image: str) -> sql.Composable:
 def _image_usable(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sql.Composable:
     """True for a logged image an export can write as the row after its change: one was logged, after
     the table's last rebase request (before it, the image holds the old shape or old values), with no
-    json null in a json or jsonb column (it cannot tell SQL NULL from JSON null) and every value one
-    the lake holds (a value of the past cannot be changed to one it does; the change's span then
-    stays one image, as without exact history)."""
+    json null in a jsonb column (it cannot tell SQL NULL from JSON null) and every value one the lake
+    holds (a value of the past cannot be changed to one it does; the change's span then stays one
+    image, as without exact history). None is while the table has a column registration refuses
+    for exact history (sql/021), added since: a json column (an image loses the spaces around its
+    value) or a virtual generated one (an image holds NULL there)."""
+    if any(c.pg_type == "json" for c in columns):
+        return sql.SQL("false")
     image = sql.SQL("c.image")
     tests = [sql.SQL("c.image IS NOT NULL"),
              sql.SQL("c.created_at > (SELECT coalesce(max(r.requested_at), '-infinity') FROM coldharbor.rebases r "
-                     "WHERE r.table_id = {})").format(sql.Literal(table.table_id))]
+                     "WHERE r.table_id = {})").format(sql.Literal(table.table_id)),
+             sql.SQL("NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = (SELECT relid FROM "
+                     "coldharbor.tables WHERE table_id = {}) AND a.attnum > 0 AND NOT a.attisdropped "
+                     "AND a.attgenerated = 'v')").format(sql.Literal(table.table_id))]
     for c in columns:
         if c.is_key:
             continue

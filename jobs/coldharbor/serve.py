@@ -106,7 +106,7 @@ def table_view(spark: SparkSession, hot: HotTable, version: int | None, lake_roo
         if version is None:
             return hot_frame(spark, hot).limit(0).transform(table_contract(columns))
         return lake_as_of(lake.read_version(spark, hot.table.lake_path(lake_root), version), columns, as_of,
-                          hot.table.qualified_name)
+                          hot.table.qualified_name, hot.table.history == "exact")
     images = hot_frame(spark, hot)
     if version is None:  # nothing exported yet: the table is its hot images
         return images.filter(~column(DELETED)).transform(table_contract(columns))
@@ -212,7 +212,8 @@ def serve_lake_only(spark: SparkSession, tables: Sequence[RegisteredTable], colu
         last_commit = committed if last_commit is None else min(last_commit, committed)
         rows = lake.read_version(spark, path, version)
         if config.as_of is not None:
-            view = lake_as_of(rows, columns[table.table_id], config.as_of, table.qualified_name)
+            view = lake_as_of(rows, columns[table.table_id], config.as_of, table.qualified_name,
+                              table.history == "exact")
         else:
             view = rows.transform(cold_live(columns[table.table_id], split=lake.settled_split(path, version)))
         view.createOrReplaceTempView(sql_guard.view_name(table))

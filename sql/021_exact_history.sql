@@ -80,8 +80,13 @@ BEGIN
                   HINT = '''exact'' keeps every change''s row image, so as-of reports are exact at any instant; '
                       || '''latest'' (the default) keeps the newest image of a key per export.';
     END IF;
-    SELECT table_id, history INTO STRICT v_id, v_history FROM coldharbor.tables
+    SELECT table_id, history INTO v_id, v_history FROM coldharbor.tables
      WHERE source_kind = 'table' AND relid = p_table::oid;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'cannot set the history of %: it is not a registered table', p_table
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'Register it with coldharbor.register_table(..., p_history => ...).';
+    END IF;
     IF p_history = 'exact' THEN
         PERFORM coldharbor.check_exact_history(p_table);
     END IF;

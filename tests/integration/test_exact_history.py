@@ -158,6 +158,13 @@ def test_exact_history_refused_at_registration_names_the_column(pg_conn, table_n
                            (table_name,)).fetchone()[0] == 0
 
 
+def test_the_history_of_a_table_not_registered_is_refused_in_one_line(pg_conn, table_name):
+    pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY)")
+    with pytest.raises(psycopg.errors.UndefinedObject,
+                       match=f"cannot set the history of public.{table_name}: it is not a registered table"):
+        pg_conn.execute("SELECT coldharbor.set_history_as_owner(%s, 'exact')", (table_name,))
+
+
 def test_registering_again_keeps_the_history_unless_asked(pg_conn, table_name):
     pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, v text, doc jsonb NOT NULL DEFAULT '{{}}')")
 

@@ -28,38 +28,36 @@ LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r record;
 BEGIN
-    SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS pg_type INTO r
-      FROM pg_attribute a
-     WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = 'v'
-     ORDER BY a.attnum LIMIT 1;
-    IF FOUND THEN
+    -- The first column an image cannot hold, and why (a virtual generated column: NULL in a
+    -- statement's transition table; json: the spaces around a value are lost; a nullable jsonb:
+    -- SQL NULL and JSON null print alike).
+    SELECT a.attname::text AS name, format_type(b.base_type, b.base_typmod) AS pg_type,
+           CASE WHEN a.attgenerated = 'v' THEN 'virtual' WHEN b.base_type = 'json'::regtype THEN 'json'
+                ELSE 'nullable' END AS why INTO r
+      FROM pg_attribute a CROSS JOIN LATERAL coldharbor.base_type(a.atttypid, a.atttypmod) b
+     WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped
+       AND (a.attgenerated = 'v' OR b.base_type = 'json'::regtype
+            OR (b.base_type = 'jsonb'::regtype AND NOT a.attnotnull))
+     ORDER BY a.attgenerated <> 'v', b.base_type <> 'json'::regtype, a.attnum LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF r.why = 'virtual' THEN
         RAISE EXCEPTION 'cannot keep exact history of %: column % is a virtual generated column, which a row '
                         'image does not hold', p_table, quote_ident(r.name)
             USING ERRCODE = 'feature_not_supported',
                   HINT = 'Make it STORED, or register the table without p_history => ''exact''.';
-    END IF;
-    SELECT a.attname::text AS name, format_type(b.base_type, b.base_typmod) AS pg_type INTO r
-      FROM pg_attribute a CROSS JOIN LATERAL coldharbor.base_type(a.atttypid, a.atttypmod) b
-     WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped AND b.base_type = 'json'::regtype
-     ORDER BY a.attnum LIMIT 1;
-    IF FOUND THEN
+    ELSIF r.why = 'json' THEN
         RAISE EXCEPTION 'cannot keep exact history of %: column % is json, whose text a row image does not keep '
                         'exactly (the spaces around a value are lost)', p_table, quote_ident(r.name)
             USING ERRCODE = 'feature_not_supported',
                   HINT = 'Use jsonb, or register the table without p_history => ''exact''.';
     END IF;
-    SELECT a.attname::text AS name, format_type(b.base_type, b.base_typmod) AS pg_type INTO r
-      FROM pg_attribute a CROSS JOIN LATERAL coldharbor.base_type(a.atttypid, a.atttypmod) b
-     WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped AND NOT a.attnotnull
-       AND b.base_type = 'jsonb'::regtype
-     ORDER BY a.attnum LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'cannot keep exact history of %: column % (%) may be NULL, and a row image cannot tell '
-                        'its SQL NULL from a JSON null', p_table, quote_ident(r.name), r.pg_type
-            USING ERRCODE = 'feature_not_supported',
-                  HINT = format('Make it NOT NULL (ALTER TABLE %s ALTER COLUMN %s SET NOT NULL), or register the '
-                                'table without p_history => ''exact''.', p_table, quote_ident(r.name));
-    END IF;
+    RAISE EXCEPTION 'cannot keep exact history of %: column % (%) may be NULL, and a row image cannot tell '
+                    'its SQL NULL from a JSON null', p_table, quote_ident(r.name), r.pg_type
+        USING ERRCODE = 'feature_not_supported',
+              HINT = format('Make it NOT NULL (ALTER TABLE %s ALTER COLUMN %s SET NOT NULL), or register the '
+                            'table without p_history => ''exact''.', p_table, quote_ident(r.name));
 END;
 $$;
 

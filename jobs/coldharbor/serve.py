@@ -146,6 +146,8 @@ def write_result(result: DataFrame, config: ServeConfig, conn: psycopg.Connectio
             return sinks.write_postgres(result, conn, jdbc, config.target)
         return sinks.write_delta(result, sinks.delta_path(config.lake_root, config.target),
                                  {"run_id": config.run_id, "report": config.report.name,
+                                  # the instant this version answers for (null: the time of the run)
+                                  "as_of": config.as_of.isoformat() if config.as_of else None,
                                   "lake_versions": record.lake_versions, "degraded": record.degraded})
     except ColdharborError:
         raise

@@ -59,11 +59,17 @@ def api_server(env: dict[str, str], log_path: Path) -> Iterator[str]:
                     time.sleep(1)
             yield base
         finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
+            stop_group(server, grace_s=30)
+
+
+def stop_group(process: subprocess.Popen, grace_s: float) -> None:
+    """Ends a process started in a session of its own, with its process group: TERM, then KILL."""
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(30)
 
 
 def password_of(user: str) -> str:

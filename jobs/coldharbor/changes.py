@@ -216,8 +216,10 @@ def refuse_rebase_inside(table: RegisteredTable, windows: Sequence[RebaseWindow]
 
 
 def read_feed(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
-              config: FeedConfig) -> DataFrame:
-    """The feed, computed and pinned, in one PostgreSQL snapshot (for `now`, its dirty images too)."""
+              config: FeedConfig, flags: tuple[str, str] = ("--from", "--to")) -> DataFrame:
+    """The feed, computed and pinned, in one PostgreSQL snapshot (for `now`, its dirty images too).
+    Refusals name the window's ends as `flags` (the job's options, or a report's changes() call)."""
+    from_flag, to_flag = flags
     path = table.lake_path(config.lake_root)
     columns = tuple(registry.lake_columns(conn, table))
     taken = [c.name for c in columns if c.name.lower() in (CHANGE_TYPE, CHANGE_SEQ, COMMIT_TIMESTAMP)]
@@ -253,13 +255,13 @@ def read_feed(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget
         else:
             end = config.end if isinstance(config.end, datetime) else \
                 version_instant(spark, table, path, config.end, version)
-            check_point(end, snapshot, "--to")
+            check_point(end, snapshot, to_flag)
         if start >= end:
-            raise ConfigError(f"--from ({start.isoformat()}) is not before --to ({end.isoformat()}): the window "
-                              "is empty or reversed")
-        check_point(start, snapshot, "--from")
+            raise ConfigError(f"{from_flag} ({start.isoformat()}) is not before {to_flag} ({end.isoformat()}): the "
+                              "window is empty or reversed")
+        check_point(start, snapshot, from_flag)
         refuse_rebase_inside(table, hot.rebase_windows, start, end)
-        for flag, instant in (("--from", start), ("--to", end)):
+        for flag, instant in ((from_flag, start), (to_flag, end)):
             try:
                 refuse_inexact(rows, instant, table.qualified_name, table.history == "exact")
             except ReportError as exc:

@@ -28,6 +28,7 @@ from coldharbor.registry import RegisteredTable
 from coldharbor.report_runs import RunRecord
 from coldharbor.report_spec import ReportSpec
 from coldharbor.spark import local_checkpoint
+from coldharbor.sql_feeds import FeedPoint
 from coldharbor.unified import cold_live, table_contract, unified_rows
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,8 @@ def run_query(spark: SparkSession, checked: sql_guard.CheckedQuery, params: Mapp
         message = str(exc).strip().splitlines()[0]
         for table in checked.tables:
             message = message.replace(sql_guard.view_name(table), table.qualified_name)
+        for feed in checked.feeds:
+            message = message.replace(feed.view, f"changes({feed.table.qualified_name}, ...)")
         raise ReportError(f"the report does not run: {message[:500]}") from exc
 
 
@@ -162,8 +165,8 @@ def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, confi
           record: RunRecord, checked: sql_guard.CheckedQuery) -> int:
     """The whole read of a validated report with both tiers reachable (or the lake missing in
     best-effort mode)."""
-    registry.require_present(checked.tables)
-    for table in checked.tables:
+    registry.require_present(checked.read_tables)
+    for table in checked.read_tables:
         registry.require_privileges(conn, table)
     hot_only = False
     try:
@@ -195,14 +198,54 @@ def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, confi
         check_as_of(config.as_of, snapshot, config.history_window)
         record.dirty_rows = {name: 0 for name in record.dirty_rows}
     register_views(spark, snapshot, pinned, config.lake_root, config.as_of)
+    register_feeds(spark, conn, jdbc, checked.feeds, config)
     result = run_query(spark, checked, config.params)
     return write_result(result, config, conn, jdbc, record)
+
+
+def feed_point(point: FeedPoint, which: str, config: ServeConfig) -> int | datetime | None:
+    """A change feed's point as the window takes it: a lake version, an instant, or None for now
+    (in an as-of run, now is the as-of instant: a backfill's window ends at its interval's end)."""
+    from coldharbor.changes import parse_point
+
+    where = f"changes() {which}"  # named as the report wrote it
+    if point.kind == "version":
+        return int(point.value)
+    value: object = point.value
+    if point.kind == "param":
+        value = config.params[str(point.value)]
+        where = f"changes() {which} (:{point.value})"
+        if isinstance(value, datetime):
+            return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        if not isinstance(value, str):
+            raise ReportError(f"{where} is {value!r}: a change feed's point is a timestamp, a lake version "
+                              "(a whole number from 0) or a string holding one of them")
+    instant = parse_point(str(value), where, now_allowed=which == "to")
+    return config.as_of if instant is None and config.as_of is not None else instant
+
+
+def register_feeds(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget,
+                   feeds: Sequence[sql_guard.ResolvedFeed], config: ServeConfig) -> None:
+    """Each `changes(table, from, to)` of the report as its view: the feed jobs/changes.py writes,
+    read in its own PostgreSQL snapshot (to `now`: with the still-dirty changes of that snapshot)."""
+    from coldharbor.changes import FeedConfig, read_feed
+
+    for feed in feeds:
+        window = FeedConfig(feed.table.qualified_name, feed_point(feed.start, "from", config),
+                            feed_point(feed.end, "to", config), target="", sink="", lake_root=config.lake_root)
+        flags = (f"{feed.table.qualified_name}'s changes() from", f"{feed.table.qualified_name}'s changes() to")
+        read_feed(spark, conn, jdbc, feed.table, window, flags).createOrReplaceTempView(feed.view)
 
 
 def serve_lake_only(spark: SparkSession, tables: Sequence[RegisteredTable], columns: Mapping[int, Sequence],
                     config: ServeConfig, record: RunRecord, parsed: sql_guard.ParsedQuery) -> int:
     """Best effort without PostgreSQL: the lake at its latest versions, from the registry snapshot."""
     checked = sql_guard.resolve(parsed, tables)
+    if checked.feeds:
+        raise ReportError("the report reads a change feed (changes()), which needs PostgreSQL, and PostgreSQL is "
+                          "unreachable; nothing was written")
     pinned = pin_versions(spark, checked.tables, config.lake_root)
     last_commit = None
     for table in checked.tables:

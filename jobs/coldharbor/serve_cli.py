@@ -127,7 +127,7 @@ def refusal(argv: list[str], dsn: str) -> str | None:
         try:
             config = build_config(args, record.run_id)
             record.target, record.sink, record.as_of = config.target, config.sink, config.as_of
-            registry.require_present(validate_report(config.report, registry.load(conn)).tables)
+            registry.require_present(validate_report(config.report, registry.load(conn)).read_tables)
             if config.as_of is not None:
                 hot_reader.require_commit_times(conn)
         except ColdharborError as exc:
@@ -152,7 +152,7 @@ def waiting_for(argv: list[str], dsn: str) -> str | None:
         if config.as_of is None:
             return None
         with pg.connect(dsn) as conn:
-            tables = validate_report(config.report, registry.load(conn)).tables
+            tables = validate_report(config.report, registry.load(conn)).read_tables
             registry.require_present(tables)
             hot_reader.require_commit_times(conn)
             for table in tables:

@@ -2,8 +2,10 @@
 Spark runs.
 
 A report is exactly one SELECT (WITH, joins, subqueries, set operations, window functions,
-VALUES) over registered tables (by `name` or `schema.name`) and its own CTEs. Every node and
-every function must be on coldharbor.sql_allowlist; the first one that is not is refused, named.
+VALUES) over registered tables (by `name` or `schema.name`), their change feeds
+(`changes(table, from, to)` where a table may stand: coldharbor.sql_feeds) and its own CTEs.
+Every node and every function must be on coldharbor.sql_allowlist; the first one that is not is
+refused, named.
 Spark never sees the text as written: it runs the SQL generated from the checked tree, with each
 registered table replaced by its unified view, every identifier quoted and no comments, and that
 SQL must parse back to a tree that passes the same checks and generates the same text. So a
@@ -27,6 +29,7 @@ from sqlglot.errors import ParseError, SqlglotError, TokenError
 from coldharbor.errors import ReportError
 from coldharbor.registry import RegisteredTable
 from coldharbor.sql_check import ASCII_NAME, DIALECT, check_tree, snippet
+from coldharbor.sql_feeds import FeedCall, FeedPoint, take_feeds
 
 # sqlglot warns on stdout-bound logs when it falls back to a Command; the check reports it itself.
 logging.getLogger("sqlglot").setLevel(logging.ERROR)
@@ -41,7 +44,16 @@ class ParsedQuery:
     """One SELECT that passed the allow-list; its table references are not resolved yet."""
 
     tree: exp.Query
-    parameters: frozenset[str]                 # the :name markers it uses
+    parameters: frozenset[str]                 # the :name markers it uses (change feeds' points too)
+    feeds: tuple[FeedCall, ...] = ()
+
+
+@dataclass(frozen=True)
+class ResolvedFeed:
+    view: str
+    table: RegisteredTable
+    start: FeedPoint
+    end: FeedPoint
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,15 @@ class CheckedQuery:
     sql: str                                   # what Spark runs: registered tables read their views
     tables: tuple[RegisteredTable, ...]        # registered tables it reads, in first-use order
     parameters: frozenset[str]                 # the :name markers it uses
+    feeds: tuple[ResolvedFeed, ...] = ()       # change feeds it reads
+
+    @property
+    def read_tables(self) -> tuple[RegisteredTable, ...]:
+        """Every registered table the report reads, directly or through its change feed."""
+        seen = {t.table_id: t for t in self.tables}
+        for feed in self.feeds:
+            seen.setdefault(feed.table.table_id, feed.table)
+        return tuple(seen.values())
 
 
 def view_name(table: RegisteredTable) -> str:
@@ -64,11 +85,14 @@ def parse_query(text: str) -> ParsedQuery:
     """The report's one SELECT, checked against the allow-list; ReportError naming what is not."""
     try:
         tree = _parse_one(text)
+        feeds = take_feeds(tree)
         check_tree(tree)
         _check_cte_names(tree)
     except RecursionError:
         raise ReportError(_TOO_DEEP) from None
-    return ParsedQuery(tree, frozenset(p.name for p in tree.find_all(exp.Placeholder)))
+    parameters = {p.name for p in tree.find_all(exp.Placeholder)}
+    parameters.update(str(point.value) for feed in feeds for point in (feed.start, feed.end) if point.kind == "param")
+    return ParsedQuery(tree, frozenset(parameters), feeds)
 
 
 def resolve(parsed: ParsedQuery, registered: Iterable[RegisteredTable]) -> CheckedQuery:
@@ -85,8 +109,12 @@ def _resolve(parsed: ParsedQuery, registered: Iterable[RegisteredTable]) -> Chec
     for cte in tree.find_all(exp.CTE):
         if cte.alias_or_name.lower() in by_name:
             raise ReportError(f"CTE {cte.alias_or_name} has the name of a registered table: rename it")
+    feeds = tuple(ResolvedFeed(f.view, _lookup(_named(f.name), by_name), f.start, f.end) for f in parsed.feeds)
+    feed_views = {f.view for f in feeds}
     used: dict[int, RegisteredTable] = {}
     for table in table_references(tree):
+        if not (table.db or table.catalog) and table.name in feed_views:
+            continue
         match = _lookup(table, by_name)
         used.setdefault(match.table_id, match)
         # In place, so that what hangs off the reference (its alias, alias columns) stays.
@@ -95,10 +123,14 @@ def _resolve(parsed: ParsedQuery, registered: Iterable[RegisteredTable]) -> Chec
         table.set("this", exp.to_identifier(view_name(match)))
         table.set("db", None)
         table.set("catalog", None)
-    if not used:
+    if not used and not feeds:
         raise ReportError("the report reads no registered table")
-    return CheckedQuery(_regenerate(tree, {view_name(t) for t in used.values()}), tuple(used.values()),
-                        parsed.parameters)
+    return CheckedQuery(_regenerate(tree, {view_name(t) for t in used.values()} | feed_views), tuple(used.values()),
+                        parsed.parameters, feeds)
+
+
+def _named(parts: tuple[str, ...]) -> exp.Table:
+    return exp.Table(this=exp.to_identifier(parts[-1]), db=exp.to_identifier(parts[0]) if len(parts) == 2 else None)
 
 
 def table_references(tree: exp.Expression) -> Iterator[exp.Table]:

@@ -11,7 +11,7 @@ import pytest
 
 from coldharbor import changes
 from coldharbor import export as export_job
-from tests.helpers import _normal, pg_rows
+from tests.helpers import _normal, pg_rows, report_run
 
 HOSTILE = ' "q\'s" <b>ü'  # quotes of each kind, spaces, HTML and a non-ASCII letter
 KEYS = ["id", "k"]
@@ -296,3 +296,73 @@ def test_a_version_whose_files_were_vacuumed_is_refused_naming_times_instead(
     assert "lake version 0 of public." in error and "can no longer be read (VACUUM removed its files); give the " \
         "window's point as a time" in error, error
     assert pg_conn.execute("SELECT to_regclass('reports.changes_v')").fetchone()[0] is None
+
+
+def served(monkeypatch, pg_dsn, lake_root, sql: str, target: str, *args: str) -> int:
+    from tests.helpers import serve_report
+
+    return serve_report(monkeypatch, pg_dsn, lake_root, "--sql", sql, "--target", target, *args)
+
+
+def test_a_report_reads_a_feed_with_changes_as_the_job_writes_it(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                                  busy_table, monkeypatch):
+    """`changes(table, from, to)` in a report's SQL: the same rows as jobs/changes.py, joinable with
+    the table itself; its points literals or typed parameters; `now` in an as-of run is the as-of."""
+    loaded, exported_at = busy_table["loaded"].isoformat(), busy_table["exported"].isoformat()
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'dirty' WHERE id IN (2, 3)")
+    pg_conn.execute(f"DELETE FROM {table_name} WHERE id = 4")
+    columns = "_change_type, id, k, v, n, _change_seq, _commit_timestamp"
+    assert changes.main(["--table", table_name, "--from", loaded, "--to", "now", "--target", "changes_job",
+                         "--lake-root", lake_root]) == 0
+    job = set(pg_conn.execute(f"SELECT {columns} FROM reports.changes_job").fetchall())
+    assert {r[0] for r in job} == {"update_preimage", "update_postimage", "delete"} and len(job) == 7
+
+    sql = f"SELECT {columns} FROM changes({table_name}, '{loaded}', 'now')"
+    assert served(monkeypatch, pg_dsn, lake_root, sql, "adhoc_feed") == 0
+    assert set(pg_conn.execute(f"SELECT {columns} FROM reports.adhoc_feed").fetchall()) == job
+
+    with_params = (f"-- param: since timestamp\n-- param: upto string = now\n"
+                   f"SELECT c._change_type, c.id, c.v, t.v AS v_now FROM changes('public.{table_name}', :since, :upto) c "
+                   f"LEFT JOIN {table_name} t ON t.id = c.id AND c._change_type <> 'update_preimage'")
+    assert served(monkeypatch, pg_dsn, lake_root, with_params, "adhoc_joined", "--param", f"since={loaded}") == 0
+    assert sorted(pg_conn.execute("SELECT * FROM reports.adhoc_joined").fetchall()) == [
+        ("delete", 4, "v", None), ("update_postimage", 1, "second", "second"), ("update_postimage", 2, "dirty", "dirty"),
+        ("update_postimage", 3, "dirty", "dirty"), ("update_preimage", 1, "v", None),
+        ("update_preimage", 2, "v", None), ("update_preimage", 3, "v", None)]
+    # As of the export's instant, `now` ends the window there: the dirty changes are not in it.
+    assert served(monkeypatch, pg_dsn, lake_root, with_params, "adhoc_joined", "--param", f"since={loaded}",
+                  "--as-of", exported_at) == 0
+    assert sorted(r[:3] for r in pg_conn.execute("SELECT * FROM reports.adhoc_joined").fetchall()) == [
+        ("update_postimage", 1, "second"), ("update_preimage", 1, "v")]
+
+
+# (the report's SQL, what the one line says): each refused with exit 2, recorded, nothing written
+FEED_REFUSALS = [
+    ("SELECT * FROM changes({t}, '{exported}', '{loaded}')", "{t}'s changes() from ({exported}) is not before"),
+    ("SELECT * FROM changes({t}, '{loaded}', '{between}')", "{t}'s changes() to: as-of {between} cannot be "
+                                                            "answered exactly"),
+    ("SELECT * FROM changes({t}, 'now', 'now')", "changes() from cannot be now"),
+    ("SELECT * FROM changes({t}, 'yesterday', 'now')", "changes() from 'yesterday' is neither a lake version"),
+    ("SELECT * FROM changes({t}, current_timestamp(), 'now')", "the from point of changes() is a string"),
+    ("SELECT * FROM changes(t_no_such_table, 0, 'now')", "table t_no_such_table is not a registered table"),
+    ("SELECT * FROM changes({t}, 0)", "changes() takes three arguments"),
+    ("SELECT * FROM _ch_feed_0", "the prefix _ch_feed_ is reserved"),
+    ("SELECT x FROM changes({t}, 0, 'now')", "the report does not run: [UNRESOLVED_COLUMN"),
+]
+
+
+def test_a_feed_a_report_cannot_read_is_refused_in_one_line(spark, pg_dsn, pg_conn, table_name, lake_root, busy_table,
+                                                            monkeypatch, caplog):
+    """All against one table (each case's own table would cost two exports)."""
+    points = {p.split()[0]: busy_table[p].isoformat() for p in busy_table}
+    for number, (sql, message) in enumerate(FEED_REFUSALS):
+        caplog.clear()
+        run_id = f"refused-{table_name}-{number}"
+        code = served(monkeypatch, pg_dsn, lake_root, sql.format(t=table_name, **points), "adhoc_refused",
+                      "--run-id", run_id)
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        expected = message.format(t=f"public.{table_name}", **points)
+        assert code == 2 and len(errors) == 1 and expected in errors[0], (sql, errors)
+        assert "\n" not in errors[0] and "Traceback" not in caplog.text, sql
+        assert pg_conn.execute("SELECT to_regclass('reports.adhoc_refused')").fetchone()[0] is None, sql
+        assert report_run(pg_conn, run_id)["state"] == "failed", sql

@@ -8,9 +8,11 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
+from coldharbor import sql_guard
 from coldharbor.errors import ReportError
 from coldharbor.registry import RegisteredTable
 from coldharbor.sql_check import DIALECT
+from coldharbor.sql_feeds import FeedPoint
 from coldharbor.sql_guard import check_query
 
 ORDERS = RegisteredTable(1, "public", "orders", ("id",), None, (), ())
@@ -105,3 +107,44 @@ def test_a_bare_name_in_two_schemas_must_be_qualified():
         check_query("SELECT * FROM orders", [ORDERS, OTHER_ORDERS])
     checked = check_query("SELECT * FROM archive.orders", [ORDERS, OTHER_ORDERS])
     assert [t.table_id for t in checked.tables] == [3]
+
+
+def test_a_change_feed_stands_as_a_table_with_its_points_taken_as_written():
+    checked = sql_guard.check_query(
+        "SELECT c.id, o.amount FROM changes(public.orders, :since, 'now') c "
+        "JOIN orders o ON o.id = c.id UNION ALL SELECT id, 0 FROM changes('shop.customers', 3, '2026-11-28T06:00Z')",
+        REGISTERED)
+    assert checked.sql == ("SELECT `c`.`id`, `o`.`amount` FROM `_ch_feed_0` AS `c` JOIN `_ch_view_1` AS `o` "
+                           "ON `o`.`id` = `c`.`id` UNION ALL SELECT `id`, 0 FROM `_ch_feed_1` AS `changes`")
+    assert [(f.view, f.table, f.start, f.end) for f in checked.feeds] == [
+        ("_ch_feed_0", ORDERS, FeedPoint("param", "since"), FeedPoint("text", "now")),
+        ("_ch_feed_1", CUSTOMERS, FeedPoint("version", 3), FeedPoint("text", "2026-11-28T06:00Z"))]
+    assert checked.tables == (ORDERS,) and checked.read_tables == (ORDERS, CUSTOMERS)
+    assert checked.parameters == {"since"}
+    assert sql_guard.check_query("SELECT * FROM changes(orders, 0, 'now')", REGISTERED).tables == ()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("SELECT * FROM changes(orders, 0)", "changes() takes three arguments, a table, from and to (2 given)"),
+    ("SELECT * FROM changes(orders, 0, 'now', 1)", "(4 given)"),
+    ("SELECT * FROM changes(orders, now(), 'now')", "the from point of changes() is a string"),
+    ("SELECT * FROM changes(orders, 0, 'now' || '')", "the to point of changes() is a string"),
+    ("SELECT * FROM changes(orders, -1, 'now')", "the from point of changes() is a string"),
+    ("SELECT * FROM changes(orders, 1e3, 'now')", "the from point of changes() is a string"),
+    ("SELECT * FROM changes(orders, (SELECT max(id) FROM orders), 'now')", "the from point of changes() is a string"),
+    ("SELECT * FROM changes(?, 0, 'now')", "the first argument of changes() is a registered table's name"),
+    ("SELECT * FROM changes(a.b.c, 0, 'now')", "the first argument of changes() is a registered table's name"),
+    ("SELECT * FROM changes('a.b.c', 0, 'now')", "the first argument of changes() is a registered table's name"),
+    ("SELECT * FROM changes('', 0, 'now')", "the first argument of changes() is a registered table's name"),
+    ("SELECT * FROM changes(upper('orders'), 0, 'now')", "the first argument of changes() is a registered table's"),
+    ("SELECT * FROM changes(nope, 0, 'now')", "table nope is not a registered table"),
+    ("SELECT * FROM changes('orders; DROP TABLE x', 0, 'now')", "not a registered table"),
+    ("SELECT * FROM _ch_feed_0", "the prefix _ch_feed_ is reserved"),
+    ("SELECT * FROM changes(orders, 0, 'now') JOIN _CH_FEED_0 ON true", "the prefix _ch_feed_ is reserved"),
+    ("SELECT changes(orders, 0, 'now') FROM orders", "function changes is not allowed in a report"),
+    ("SELECT * FROM changes(orders, 0, 'now') TABLESAMPLE (10 PERCENT)", "may not contain SAMPLE"),
+    ("SELECT * FROM other_changes(orders, 0, 'now')", "function other_changes is not allowed in a report as a table"),
+])
+def test_a_change_feed_call_other_than_a_name_and_two_points_is_refused(text, message):
+    with pytest.raises(ReportError, match=re.escape(message)):
+        sql_guard.check_query(text, REGISTERED)

@@ -93,6 +93,22 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
                     raise
                 raise self.job_failed(code) from exc
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """What this run read and wrote, for Airflow's OpenLineage provider (coldharbor_airflow.lineage);
+        called only when the provider has a transport. Never fails the task: a registry that cannot
+        be read gives no datasets, and the reason is logged."""
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        from coldharbor_airflow.lineage import job_lineage
+
+        try:
+            args = self.job_args if isinstance(self.job_args, list) else []
+            return job_lineage(self.job, args, ColdharborHook(self.coldharbor_conn_id).dsn(),
+                               resolve_lake_root(self.lake_root))
+        except Exception as exc:  # noqa: BLE001 - lineage is a by-product: the run's own result stands
+            self.log.warning("no OpenLineage datasets for this run of %s: %s", self.job, str(exc).splitlines()[0])
+            return OperatorLineage()
+
     def job_failed(self, code: int) -> AirflowException:
         meaning = {**JOB_EXIT_CODES, **JOB_SPECIFIC_EXIT_CODES.get(self.job, {})}.get(code, "Spark or the job failed")
         return AirflowException(f"{self.job} exited with code {code}: {meaning}; the job's own message "

@@ -7,7 +7,8 @@ export. A clean cycle maps nothing and starts no Spark (one index probe per tabl
 the export of a table is also guarded by its advisory lock, so an overlapping manual run skips
 instead of doubling. The cadence is COLDHARBOR_EXPORT_CADENCE: `minute` (default) or `continuous`
 (each run starts when the last one ends). Each cycle also sends the health figures to StatsD
-(when Airflow's [metrics] statsd_on is set).
+(when Airflow's [metrics] statsd_on is set), and check_freshness, after the exports whatever they did,
+fails naming each table whose oldest unexported change is older than its freshness promise (the alert).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import Asset, dag, task
+from coldharbor_airflow.alerts import alert_broken_promises
 from coldharbor_airflow.operators import ColdharborSparkJobOperator
 from coldharbor_common import SPARK_POOL, START, default_args, export_schedule
 
@@ -42,7 +44,7 @@ def coldharbor_cdc():
         return export_job_args(ColdharborHook().tables_needing_export())
 
     dirty = tables_to_export()
-    ColdharborSparkJobOperator.partial(
+    exports = ColdharborSparkJobOperator.partial(
         task_id="export", job="cdc_export.py", pool=SPARK_POOL, outlets=[LAKE_EXPORTS],
         # Freshness first: an export takes the Spark pool's next slot ahead of reports and maintenance.
         priority_weight=100, weight_rule="absolute",
@@ -61,6 +63,16 @@ def coldharbor_cdc():
         return publish_statsd()
 
     publish_metrics()
+
+    @task(trigger_rule="all_done", retries=0, execution_timeout=timedelta(seconds=40),
+          on_failure_callback=alert_broken_promises)
+    def check_freshness() -> int:
+        """Fails naming every table whose oldest unexported change is older than its promise."""
+        from coldharbor_airflow.alerts import check_freshness
+
+        return check_freshness()
+
+    exports >> check_freshness()
 
 
 coldharbor_cdc()

@@ -74,6 +74,16 @@ def _load_cell(row: dict[str, Any]) -> str:
     return f'{_cell(row["base_rows"])} rows as of {_cell(row["loaded_at"])}'
 
 
+def _freshness_cell(row: dict[str, Any]) -> str:
+    """The lag against the table's promise: red, with the rule, once the oldest unexported change
+    is older than the promise (the coldharbor_cdc DAG's check_freshness task fails then too)."""
+    lag, promise = (None if v is None else float(v) for v in (row["freshness_lag_s"], row.get("freshness_promise_s")))
+    if lag is not None and promise is not None and lag > promise:
+        return (f'<span class="bad lagging">lagging: {_cell(lag)} s behind, promised at most {_cell(promise)} s '
+                '(the oldest unexported change is older than the promise)</span>')
+    return f'{_cell(lag)} / {_cell(promise)} s'
+
+
 def _verify_cell(row: dict[str, Any]) -> str:
     """The last verify's verdict; its message (key samples, paths) stays in the task log."""
     if row.get("last_verify_at") is None:
@@ -88,10 +98,8 @@ def render(figures: dict[str, Any]) -> str:
     rows = []
     for t in figures["tables"]:
         count, average = _lake_files(t)
-        lag = t["freshness_lag_s"]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in [
-            _cell(t["name"]), _cell(t["dirty_rows"]),
-            f'<span class="{"bad" if lag and lag > 90 else ""}">{_cell(lag)}</span>',
+            _cell(t["name"]), _cell(t["dirty_rows"]), _freshness_cell(t),
             _cell(t["last_batch"]), _cell(t["last_export_at"]), _cell(t["last_export_version"]),
             _cell(count), _cell(average / 1024 if average is not None else None),
             f'{_cell(t["last_compaction_at"])} ({_cell(t["last_compaction_state"])})',
@@ -103,7 +111,7 @@ def render(figures: dict[str, Any]) -> str:
         + f"<td>{RUN_FAILED if r['error'] else _cell(None)}</td></tr>" for r in figures["report_runs"]]
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>Lakehouse health</title>
 <style>{_STYLE}</style></head><body><h1>Lakehouse health</h1>
-<h2>Tables</h2><table id="tables"><tr><th>table</th><th>dirty rows</th><th>freshness lag (s)</th>
+<h2>Tables</h2><table id="tables"><tr><th>table</th><th>dirty rows</th><th>freshness lag (s) / promise</th>
 <th>last export batch</th><th>last export at</th><th>Delta version</th><th>files</th><th>avg file (KiB)</th>
 <th>last compaction</th><th>last cleanup</th><th>initial load</th><th>last verify</th></tr>{''.join(rows)}</table>
 <h2>Recent report runs</h2><table id="report-runs"><tr><th>report</th><th>target</th><th>mode</th><th>state</th>

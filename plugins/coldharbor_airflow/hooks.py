@@ -119,6 +119,22 @@ class ColdharborHook(BaseHook):
                  ORDER BY t.table_id""", (every_days * 86400,)).fetchall()
         return [r[0] for r in rows]
 
+    def broken_promises(self) -> list[dict[str, Any]]:
+        """Every registered table whose oldest unexported change is older than its freshness promise
+        (`register_table(..., p_freshness => ...)`): name, lag_s, promise_s, oldest (the change's
+        transaction start), most lagging first."""
+        with self.connect() as conn:
+            cur = conn.execute("""
+                SELECT t.schema_name || '.' || t.table_name AS name, extract(epoch FROM now() - d.oldest) AS lag_s,
+                       extract(epoch FROM t.freshness) AS promise_s, d.oldest
+                  FROM coldharbor.tables t
+                  CROSS JOIN LATERAL (SELECT min(created_at) AS oldest FROM coldharbor.change_log
+                                       WHERE table_id = t.table_id AND flushed_at IS NULL) d
+                 WHERE d.oldest < now() - t.freshness
+                 ORDER BY d.oldest, t.table_id""")
+            names = [d.name for d in cur.description]
+            return [dict(zip(names, row)) for row in cur.fetchall()]
+
     def health(self, recent_runs: int = 10) -> dict[str, Any]:
         """The figures of the health page, per table and for recent report runs, from PostgreSQL."""
         with self.connect() as conn:
@@ -126,6 +142,7 @@ class ColdharborHook(BaseHook):
                 SELECT t.table_id, t.schema_name || '.' || t.table_name AS name, t.schema_name, t.table_name,
                        t.lake_location,
                        d.dirty_rows, extract(epoch FROM now() - d.oldest_dirty) AS freshness_lag_s,
+                       extract(epoch FROM t.freshness) AS freshness_promise_s,
                        e.batch_id AS last_batch, e.finished_at AS last_export_at, e.lake_version AS last_export_version,
                        e.row_count AS last_export_rows,
                        x.row_count AS last_change_export_rows, x.finished_at AS last_change_export_at,

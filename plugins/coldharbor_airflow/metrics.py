@@ -11,6 +11,8 @@ Every metric is a gauge read at scrape time from the hot tier's registry and eac
                                                            their folders, are unknown)
     coldharbor_table_dirty_rows{schema,table}              changes not yet in the lake
     coldharbor_table_oldest_dirty_change_age_seconds{...}  age of the oldest of them; 0 when none
+    coldharbor_table_freshness_promise_seconds{...}        the table's freshness promise (p_freshness):
+                                                           lagging when the age above is past it
     coldharbor_table_last_export_rows{...}                 rows the last export of changes wrote (an
                                                            initial load's or a resync's base is not one)
     coldharbor_table_last_export_duration_seconds{...}     how long that export took
@@ -54,6 +56,8 @@ _TABLE_GAUGES = [  # (name, help, the figure's key) of the gauges read from the 
     ("coldharbor_table_dirty_rows", "Changes captured in PostgreSQL and not yet in the lake.", "dirty_rows"),
     ("coldharbor_table_oldest_dirty_change_age_seconds",
      "Age of the oldest change not yet in the lake; 0 when there is none.", "freshness_lag_s"),
+    ("coldharbor_table_freshness_promise_seconds",
+     "How far behind PostgreSQL the table's lake may fall (register_table's p_freshness).", "freshness_promise_s"),
     ("coldharbor_table_last_export_rows", "Rows the table's last export of changes wrote to the lake.",
      "last_change_export_rows"),
     ("coldharbor_table_last_export_duration_seconds", "How long the table's last export of changes took.",

@@ -38,6 +38,7 @@ def test_one_cycle_exports_the_dirty_table_and_a_clean_cycle_maps_nothing(airflo
     states = {(ti.task_id, ti.map_index): ti.state for ti in run.get_task_instances()}
     assert states[("export", 0)] == "success", states
     assert states[("publish_metrics", -1)] == "success", states
+    assert states[("check_freshness", -1)] == "success", states
     assert f"airflow.coldharbor.table.public.{table_name}.dirty_rows" in first
     assert dirty_ids(pg_conn, table_name) == []
     assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])

@@ -34,7 +34,9 @@ def test_every_dag_has_tags_an_owner_retries_and_timeouts(airflow_home):
         assert dag.tags, dag_id
         for task in dag.tasks:
             assert task.owner == "coldharbor", (dag_id, task.task_id)
-            assert task.retries >= 1, (dag_id, task.task_id)
+            # check_freshness's failure is the alert it raises: a retry would only delay it.
+            assert task.retries >= 1 or (dag_id, task.task_id) == ("coldharbor_cdc", "check_freshness"), \
+                (dag_id, task.task_id)
             assert task.execution_timeout is not None, (dag_id, task.task_id)
 
 

@@ -64,7 +64,8 @@ def test_a_logged_in_browser_sees_an_exported_table(airflow_web, spark, pg_dsn, 
     assert "<h1>Lakehouse health</h1>" in page and 'id="report-runs"' in page
     cells = table_cells(page, table_name)
     assert cells[1] == "4"                                   # dirty rows
-    assert float(cells[2].split(">")[1].split("<")[0]) >= 0  # freshness lag, seconds
+    lag, promise = cells[2].removesuffix(" s").split(" / ")   # freshness lag and promise, seconds
+    assert float(lag.replace(",", "")) >= 0 and promise == "300.0"
     assert cells[3] == str(result.batch_id) and cells[5] == str(result.lake_version)
     assert int(cells[6]) >= 1                                # files in the Delta table
     assert table_cells(framed, table_name)[1] == "4"
@@ -319,6 +320,7 @@ def test_the_metrics_give_each_tables_backlog_export_and_files(airflow_web, spar
     assert of("coldharbor_table_dirty_rows", exported) == 4
     assert of("coldharbor_table_dirty_rows", unexported) == 5
     assert of("coldharbor_table_oldest_dirty_change_age_seconds", exported) > 0
+    assert of("coldharbor_table_freshness_promise_seconds", exported) == 300
     assert of("coldharbor_table_last_export_rows", exported) == 30
     assert of("coldharbor_table_last_export_duration_seconds", exported) >= 0
     assert of("coldharbor_table_lake_readable", exported) == 1

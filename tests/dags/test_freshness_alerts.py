@@ -1,0 +1,81 @@
+"""Freshness promises (issue 25, part 3): `register_table(..., p_freshness => ...)`, the coldharbor_cdc
+DAG's check_freshness task failing (the alert, with its callback) once an export held by another
+run's lock lets a table fall behind its promise, and the health page showing it red."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from coldharbor import pg
+from tests.helpers import PROJECT, export
+
+
+def promise(conn: psycopg.Connection, name: str) -> timedelta:
+    return conn.execute("SELECT freshness FROM coldharbor.tables WHERE relid = %s::regclass", (name,)).fetchone()[0]
+
+
+def test_a_table_promises_five_minutes_unless_asked_and_keeps_its_promise_when_registered_again(pg_conn, table_name):
+    pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    assert promise(pg_conn, table_name) == timedelta(minutes=5)
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_freshness => '90 seconds')", (table_name,))
+    assert promise(pg_conn, table_name) == timedelta(seconds=90)
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_history => 'latest')", (table_name,))
+    assert promise(pg_conn, table_name) == timedelta(seconds=90)
+
+
+@pytest.mark.parametrize("value", ["0 seconds", "-5 minutes", "31 days", "1 year"])
+def test_a_promise_that_is_no_positive_interval_of_at_most_30_days_is_refused_naming_it(pg_conn, table_name, value):
+    pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY)")
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
+        pg_conn.execute("SELECT coldharbor.register_table(%s, p_freshness => %s)", (table_name, value))
+    assert "p_freshness must be an interval above 0 and at most 30 days" in str(refused.value)
+    pg_conn.rollback()
+    assert pg_conn.execute("SELECT count(*) FROM coldharbor.tables WHERE table_name = %s",
+                           (table_name,)).fetchone()[0] == 0, "nothing registered"
+
+
+def test_an_export_held_past_the_promise_fails_check_freshness_and_turns_the_page_red(
+        airflow_home, spark, pg_dsn, admin_dsn, pg_conn, table_name, lake_root, capsys, caplog):
+    from airflow.dag_processing.dagbag import DagBag
+
+    from coldharbor_airflow.health_page import render
+    from coldharbor_airflow.hooks import ColdharborHook
+
+    pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, v text)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_freshness => '2 seconds')", (table_name,))
+    table_id = pg_conn.execute("SELECT table_id FROM coldharbor.tables WHERE table_name = %s",
+                               (table_name,)).fetchone()[0]
+    check = DagBag(dag_folder=str(PROJECT / "dags")).dags["coldharbor_cdc"].partial_subset(
+        task_ids=["check_freshness"], include_upstream=False)
+    check.test()  # other tests' tables may be behind their promises; this one has nothing to export
+    captured = capsys.readouterr()
+    assert f"public.{table_name} is " not in captured.out + captured.err
+
+    with pg.connect(admin_dsn) as holder, pg.advisory_lock(holder, "export", table_id) as held:
+        assert held
+        pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'waits')")
+        assert export(spark, pg_dsn, table_name, lake_root).status == "skipped"  # another run holds it
+        time.sleep(2.5)
+        capsys.readouterr()
+        caplog.clear()
+        run = check.test()
+        captured = capsys.readouterr()
+        out = captured.out + captured.err + caplog.text  # where the task's log lines go depends on earlier tests
+    assert run.state == "failed"
+    alerts = [line for line in out.splitlines() if "coldharbor freshness alert" in line]
+    assert alerts, out[-3000:]  # the failure callback's line (caught once or more, by each capture)
+    assert all(f"public.{table_name} is " in a and "promised at most 2 s" in a for a in alerts), alerts
+
+    [row] = [t for t in ColdharborHook().health()["tables"] if t["table_name"] == table_name]
+    page = render({"tables": [row], "report_runs": []})
+    assert 'class="bad lagging"' in page and "promised at most 2.0 s" in page
+
+    export(spark, pg_dsn, table_name, lake_root)  # the lock is free: the table catches up
+    assert table_name not in str(ColdharborHook().broken_promises())
+    [row] = [t for t in ColdharborHook().health()["tables"] if t["table_name"] == table_name]
+    assert "lagging" not in render({"tables": [row], "report_runs": []})

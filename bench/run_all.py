@@ -11,6 +11,7 @@ from bench import (
     engine,
     entities,
     exact_history,
+    health_page,
     initial_load,
     maintenance,
     orchestration,
@@ -27,6 +28,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def main() -> int:
     rows = (write_path.run() + entities.run() + read_path.run() + maintenance.run() + orchestration.cycle()
             + initial_load.run() + report_refusal.run() + report_sink.run() + change_feed.run() + exact_history.run()
+            + health_page.run()
             + engine.run(quick=False, cycles=500))
     table = render(rows)
     print(table)

@@ -8,7 +8,8 @@ Per registered table, under its cleanup lock:
   3. prune change_log rows flushed before the retention, and batches finished before it
      (the newest flushed batch stays: it proves the table has reached the lake).
 First, report runs that died without finishing (their lease is gone) are recorded as failed.
-Then, once: expire old report_runs and drop report staging tables that crashed runs left.
+Then, once: expire old report_runs, prune health samples older than two days and drop report
+staging tables that crashed runs left.
 
 Everything is idempotent; with --dry-run it only lists what would go.
 """
@@ -219,6 +220,17 @@ def expire_report_runs(conn: psycopg.Connection, config: CleanupConfig) -> int:
     return conn.execute("DELETE " + query, (config.report_runs_retention,)).rowcount
 
 
+HEALTH_SAMPLES_KEPT = timedelta(days=2)  # the page charts the last 24 hours
+
+
+def prune_health_samples(conn: psycopg.Connection, dry_run: bool) -> int:
+    """Health samples (the page's charts) older than HEALTH_SAMPLES_KEPT; how many (would) go."""
+    query = "FROM coldharbor.health_samples WHERE sampled_at < now() - %s::interval"
+    if dry_run:
+        return conn.execute("SELECT count(*) " + query, (HEALTH_SAMPLES_KEPT,)).fetchone()[0]
+    return conn.execute("DELETE " + query, (HEALTH_SAMPLES_KEPT,)).rowcount
+
+
 def drop_stale_staging_tables(conn: psycopg.Connection, dry_run: bool) -> list[str]:
     """reports._ch_stage_* tables of serve runs that died before their swap (none may be running): the
     job's role created them, and may drop only those."""
@@ -273,6 +285,8 @@ def run(spark: SparkSession, conn: psycopg.Connection, config: CleanupConfig) ->
     if config.table is None:
         verb = "would expire" if config.dry_run else "expired"
         log.info("%s %s report runs", verb, expire_report_runs(conn, config))
+        log.info("%s %s health samples older than %s", "would prune" if config.dry_run else "pruned",
+                 prune_health_samples(conn, config.dry_run), HEALTH_SAMPLES_KEPT)
         for name in drop_stale_staging_tables(conn, config.dry_run):
             log.info("%s stale report staging table reports.%s", "would drop" if config.dry_run else "dropped", name)
     return results

@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,6 +61,7 @@ class TableResult:
     recovered_batches: int = 0
     loaded_rows: int = 0     # rows of an initial load this run wrote first
     error: str | None = None  # failed: why, one line; nothing of the table was marked or recorded
+    seconds: float = 0.0     # how long the table's export took
 
 
 def parse_args(argv: list[str]) -> ExportConfig:
@@ -175,10 +178,35 @@ def worker_count(spark: SparkSession, tables: int) -> int:
 
 def _export_or_refuse(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
                       config: ExportConfig, hook: faults.Hook) -> TableResult:
+    started = time.monotonic()
     try:
-        return export_table(spark, conn, jdbc, table, config, hook)
+        result = export_table(spark, conn, jdbc, table, config, hook)
     except ColdharborError as exc:
-        return _refused(table, exc)
+        result = _refused(table, exc)
+    return dataclasses.replace(result, seconds=time.monotonic() - started)
+
+
+def record_samples(conn: psycopg.Connection, tables: list[RegisteredTable], results: list[TableResult]) -> None:
+    """One health sample per table the run handled (coldharbor.health_samples, for the health page):
+    its outcome and figures, and its dirty backlog after it. One statement; a failure to write them
+    is a warning, never the export's failure."""
+    ids = {t.qualified_name: t.table_id for t in tables}
+    handled = [r for r in results if r.table in ids]
+    if not handled:
+        return
+    try:
+        with conn.transaction():
+            conn.execute("""
+                INSERT INTO coldharbor.health_samples (table_id, export_status, export_rows, export_s, dirty_rows, lag_s)
+                SELECT r.table_id, r.status, r.rows, r.seconds, d.n,
+                       coalesce(extract(epoch FROM now() - d.oldest), 0)
+                  FROM unnest(%s::int[], %s::text[], %s::bigint[], %s::float8[]) AS r(table_id, status, rows, seconds)
+                 CROSS JOIN LATERAL (SELECT count(*) AS n, min(created_at) AS oldest FROM coldharbor.change_log c
+                                      WHERE c.table_id = r.table_id AND c.flushed_at IS NULL) d""",
+                         ([ids[r.table] for r in handled], [r.status for r in handled],
+                          [r.rows + r.loaded_rows for r in handled], [r.seconds for r in handled]))
+    except psycopg.Error as exc:
+        log.warning("the health samples of this run were not written: %s", str(exc).strip().splitlines()[0])
 
 
 def _refused(table: RegisteredTable, exc: ColdharborError) -> TableResult:
@@ -386,6 +414,7 @@ def main(argv: list[str]) -> int:
                 results += run(spark, conn, jdbc, config, todo, dsn=dsn, workers=worker_count(spark, len(todo)))
             for result in results:
                 log.info("result: %s", result)
+            record_samples(conn, tables, results)
             raise_if_tables_failed(results, "exported")
         return 0
 

@@ -1,9 +1,11 @@
 """The "Lakehouse health" page and its Prometheus metrics: a FastAPI app the Airflow API server
 mounts under /coldharbor (/coldharbor/health, /coldharbor/metrics).
 
-Server-rendered HTML (no script), read-only: per table the dirty rows and the freshness lag, the
-last export and its Delta version, file count and average size, the last compaction and cleanup,
-the initial load's state and the last verify's verdict; then the recent report runs.
+Server-rendered HTML (no script), read-only: per table its state (ok, lagging, failing) with the
+rule that decided it, the dirty rows and the freshness lag against its promise, each with a chart
+of the last 24 hours (health_charts), the last export and its Delta version, file count and
+average size, the last compaction and cleanup, the initial load's state and the last verify's
+verdict, a link to its export runs; then the recent report runs.
 
 Airflow does not authenticate a plugin's app: every route here depends on `page_auth`, Airflow's
 own token check (the UI's `_token` cookie or a bearer header) and its permission to view plugins.
@@ -15,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import html
 import logging
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import Depends, FastAPI
 from fastapi.responses import HTMLResponse, Response
 
+from coldharbor_airflow import health_charts as charts
 from coldharbor_airflow.page_auth import install_refusal_pages, require_plugin_viewer
 
 log = logging.getLogger(__name__)
@@ -31,10 +34,13 @@ app = FastAPI(title="Coldharbor", description="Lakehouse health", docs_url=None,
 install_refusal_pages(app)
 HOT_TIER_UNREADABLE = "The hot tier cannot be read right now; the API server's log says why."
 RUN_FAILED = "failed: the run's task log has the message"
+RUNS_LINK = "../dags/coldharbor_cdc/runs"  # Airflow's UI, beside this page's /coldharbor/health
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1d2733}
 table{border-collapse:collapse;margin:.5rem 0 1.5rem}th,td{border:1px solid #c9d1d9;padding:.3rem .6rem;
-text-align:left;font-size:.9rem}th{background:#f0f3f6}.bad{color:#b42318;font-weight:600}"""
+text-align:left;font-size:.9rem;vertical-align:top}th{background:#f0f3f6}.bad{color:#b42318;font-weight:600}
+.state{font-weight:700;padding:0 .3rem;border-radius:3px}.ok{background:#dafbe1;color:#116329}
+.lagging,.failing{background:#ffebe9;color:#b42318}"""
 
 
 def _cell(value: Any) -> str:
@@ -74,16 +80,6 @@ def _load_cell(row: dict[str, Any]) -> str:
     return f'{_cell(row["base_rows"])} rows as of {_cell(row["loaded_at"])}'
 
 
-def _freshness_cell(row: dict[str, Any]) -> str:
-    """The lag against the table's promise: red, with the rule, once the oldest unexported change
-    is older than the promise (the coldharbor_cdc DAG's check_freshness task fails then too)."""
-    lag, promise = (None if v is None else float(v) for v in (row["freshness_lag_s"], row.get("freshness_promise_s")))
-    if lag is not None and promise is not None and lag > promise:
-        return (f'<span class="bad lagging">lagging: {_cell(lag)} s behind, promised at most {_cell(promise)} s '
-                '(the oldest unexported change is older than the promise)</span>')
-    return f'{_cell(lag)} / {_cell(promise)} s'
-
-
 def _verify_cell(row: dict[str, Any]) -> str:
     """The last verify's verdict; its message (key samples, paths) stays in the task log."""
     if row.get("last_verify_at") is None:
@@ -94,25 +90,45 @@ def _verify_cell(row: dict[str, Any]) -> str:
     return f'<span class="bad">{verdict} at {_cell(row["last_verify_at"])}: the task log names the keys</span>'
 
 
+def _table_cells(t: dict[str, Any], samples: list[dict[str, Any]], now: datetime) -> list[str]:
+    count, average = _lake_files(t)
+    state, rule = charts.status(t, samples)
+    promise = float(t["freshness_promise_s"]) if t.get("freshness_promise_s") is not None else None
+    lag = t["freshness_lag_s"]
+    return [
+        f'<a href="{RUNS_LINK}" title="the export runs of this table">{_cell(t["name"])}</a>',
+        f'<span class="state {state}">{state}</span>: {html.escape(rule)}',
+        charts.count(t["dirty_rows"]),
+        charts.sparkline(samples, "dirty_rows", now, "dirty rows", formatter=charts.count),
+        f'<span class="{"bad" if state == "lagging" else ""}">{charts.duration(lag)}</span> / '
+        f'{charts.duration(promise)}',
+        charts.sparkline(samples, "lag_s", now, "freshness lag", limit=promise),
+        _cell(t["last_batch"]), _cell(t["last_export_at"]), _cell(t["last_export_version"]),
+        f'{charts.count(t["last_change_export_rows"])} rows in {charts.duration(t["last_change_export_duration_s"])}',
+        charts.sparkline(samples, "export_s", now, "export duration"),
+        _cell(count), _cell(average / 1024 if average is not None else None),
+        f'{_cell(t["last_compaction_at"])} ({_cell(t["last_compaction_state"])})',
+        f'{_cell(t["last_cleanup_at"])} ({_cell(t["last_cleanup_state"])})',
+        _load_cell(t), _verify_cell(t)]
+
+
 def render(figures: dict[str, Any]) -> str:
-    rows = []
-    for t in figures["tables"]:
-        count, average = _lake_files(t)
-        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in [
-            _cell(t["name"]), _cell(t["dirty_rows"]), _freshness_cell(t),
-            _cell(t["last_batch"]), _cell(t["last_export_at"]), _cell(t["last_export_version"]),
-            _cell(count), _cell(average / 1024 if average is not None else None),
-            f'{_cell(t["last_compaction_at"])} ({_cell(t["last_compaction_state"])})',
-            f'{_cell(t["last_cleanup_at"])} ({_cell(t["last_cleanup_state"])})',
-            _load_cell(t), _verify_cell(t)]) + "</tr>")
+    now = figures.get("now") or datetime.now(timezone.utc)
+    samples = figures.get("samples", {})
+    rows = ["<tr>" + "".join(f"<td>{c}</td>" for c in _table_cells(t, samples.get(t["table_id"], []), now)) + "</tr>"
+            for t in figures["tables"]]
     # A run's error is the job's message (PostgreSQL's or Spark's text, paths): the page only says there is one.
     runs = ["<tr>" + "".join(f"<td>{_cell(r[k])}</td>" for k in (
         "report", "target", "mode", "state", "degraded", "as_of", "row_count", "started_at", "finished_at"))
         + f"<td>{RUN_FAILED if r['error'] else _cell(None)}</td></tr>" for r in figures["report_runs"]]
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>Lakehouse health</title>
 <style>{_STYLE}</style></head><body><h1>Lakehouse health</h1>
-<h2>Tables</h2><table id="tables"><tr><th>table</th><th>dirty rows</th><th>freshness lag (s) / promise</th>
-<th>last export batch</th><th>last export at</th><th>Delta version</th><th>files</th><th>avg file (KiB)</th>
+<p>Per table: its state and the rule behind it, and the last 24 hours of each export cycle (charts: latest and
+highest in each chart's tooltip; the dashed line is the freshness promise).</p>
+<h2>Tables</h2><table id="tables"><tr><th>table</th><th>state</th><th>dirty rows</th><th>dirty rows, 24 h</th>
+<th>freshness lag / promise</th><th>lag, 24 h</th>
+<th>last export batch</th><th>last export at</th><th>Delta version</th><th>last export of changes</th>
+<th>export time, 24 h</th><th>files</th><th>avg file (KiB)</th>
 <th>last compaction</th><th>last cleanup</th><th>initial load</th><th>last verify</th></tr>{''.join(rows)}</table>
 <h2>Recent report runs</h2><table id="report-runs"><tr><th>report</th><th>target</th><th>mode</th><th>state</th>
 <th>degraded</th><th>as of</th><th>rows</th><th>started</th><th>finished</th><th>error</th></tr>{''.join(runs)}

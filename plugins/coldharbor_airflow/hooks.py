@@ -136,7 +136,8 @@ class ColdharborHook(BaseHook):
             return [dict(zip(names, row)) for row in cur.fetchall()]
 
     def health(self, recent_runs: int = 10) -> dict[str, Any]:
-        """The figures of the health page, per table and for recent report runs, from PostgreSQL."""
+        """The figures of the health page, per table (with its health samples of the last 24 hours)
+        and for recent report runs, from PostgreSQL."""
         with self.connect() as conn:
             cur = conn.execute("""
                 SELECT t.table_id, t.schema_name || '.' || t.table_name AS name, t.schema_name, t.table_name,
@@ -186,7 +187,15 @@ class ColdharborHook(BaseHook):
                                     FROM coldharbor.report_runs ORDER BY started_at DESC LIMIT %s""", (recent_runs,))
             names = [d.name for d in cur.description]
             runs = [dict(zip(names, row)) for row in cur.fetchall()]
-        return {"tables": tables, "report_runs": runs}
+            cur = conn.execute("""SELECT table_id, sampled_at, export_status, export_rows, export_s, dirty_rows, lag_s
+                                    FROM coldharbor.health_samples WHERE sampled_at > now() - interval '24 hours'
+                                   ORDER BY table_id, sampled_at""")
+            names = [d.name for d in cur.description]
+            samples: dict[int, list[dict[str, Any]]] = {}
+            for row in cur.fetchall():
+                samples.setdefault(row[0], []).append(dict(zip(names, row)))
+            now = conn.execute("SELECT now()").fetchone()[0]
+        return {"tables": tables, "report_runs": runs, "samples": samples, "now": now}
 
     def report_figures(self) -> list[dict[str, Any]]:
         """Per report with a run on record: runs and failed runs started in the last 24 hours, and

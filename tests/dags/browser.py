@@ -100,5 +100,16 @@ class Browser:
             input.dispatchEvent(new Event('input', {{bubbles: true}}));
         }})()""")
 
+    def screenshot(self, path: Path) -> bytes:
+        """A PNG of the whole page (beyond the window), written to `path`; its bytes."""
+        import base64
+
+        size = self.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+        self.call("Emulation.setDeviceMetricsOverride", width=max(1280, size[0]), height=size[1],
+                  deviceScaleFactor=1, mobile=False)
+        png = base64.b64decode(self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"])
+        path.write_bytes(png)
+        return png
+
     def cookie_names(self) -> list[str]:
         return [c["name"] for c in self.call("Network.getCookies")["cookies"]]

@@ -73,7 +73,8 @@ def test_an_export_held_past_the_promise_fails_check_freshness_and_turns_the_pag
 
     [row] = [t for t in ColdharborHook().health()["tables"] if t["table_name"] == table_name]
     page = render({"tables": [row], "report_runs": []})
-    assert 'class="bad lagging"' in page and "promised at most 2.0 s" in page
+    assert '<span class="state lagging">lagging</span>: the oldest unexported change is ' in page
+    assert "past the promise of 2.0 s" in page
 
     export(spark, pg_dsn, table_name, lake_root)  # the lock is free: the table catches up
     assert table_name not in str(ColdharborHook().broken_promises())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import httpx
 import pytest
@@ -63,12 +64,14 @@ def test_a_logged_in_browser_sees_an_exported_table(airflow_web, spark, pg_dsn, 
 
     assert "<h1>Lakehouse health</h1>" in page and 'id="report-runs"' in page
     cells = table_cells(page, table_name)
-    assert cells[1] == "4"                                   # dirty rows
-    lag, promise = cells[2].removesuffix(" s").split(" / ")   # freshness lag and promise, seconds
-    assert float(lag.replace(",", "")) >= 0 and promise == "300.0"
-    assert cells[3] == str(result.batch_id) and cells[5] == str(result.lake_version)
-    assert int(cells[6]) >= 1                                # files in the Delta table
-    assert table_cells(framed, table_name)[1] == "4"
+    assert cells[1].startswith('<span class="state ok">ok</span>: every unexported change is younger than the '
+                               "promise of 5.0 min")
+    assert cells[2] == "4"                                   # dirty rows
+    assert cells[4].endswith("</span> / 5.0 min")            # freshness lag / promise
+    assert cells[6] == str(result.batch_id) and cells[8] == str(result.lake_version)
+    assert cells[9] == "30 rows in " + cells[9].split(" in ")[1] and cells[3].startswith("<svg")
+    assert int(cells[11]) >= 1                               # files in the Delta table
+    assert table_cells(framed, table_name)[2] == "4"
 
 
 def test_an_anonymous_browser_is_refused_and_offered_the_login(airflow_web, pg_conn, table_name, tmp_path):
@@ -250,7 +253,7 @@ def test_the_page_finds_each_tables_lake_folder_as_the_jobs_do(airflow_home, spa
         pg_conn.execute("SELECT coldharbor.register_table(%s)", (f'public."{name}"',))
     export(spark, pg_dsn, f'public."{dotted}"', lake_root)
     page = health_page.build_page()
-    files = table_cells(page, dotted)[6]
+    files = table_cells(page, dotted)[11]
     assert files.isdigit() and int(files) >= 1, table_cells(page, dotted)
     row = next(line for line in page.split("<tr>") if html.escape(f"public.{hostile}") in line)
     assert html.escape(lake_files.NO_OWN_FOLDER) in row
@@ -393,3 +396,42 @@ def test_the_metrics_say_which_tier_is_down_without_a_path(airflow_home, spark, 
     assert scrape(text) == {("coldharbor_up", (("tier", "postgres"),)): 0}
     assert "127.0.0.1" not in text
     assert "127.0.0.1:1/db" in caplog.text + capsys.readouterr().out
+
+
+def test_a_lagging_and_a_failing_table_are_red_with_their_rule_charts_and_links(
+        airflow_web, pg_dsn, pg_conn, table_name, tmp_path, monkeypatch):
+    """In Chromium, with health samples the export job itself wrote: a table past its freshness
+    promise and one whose last export failed (a value the lake cannot hold), beside a healthy one."""
+    from coldharbor import export as export_job
+
+    base, _, lake_root = airflow_web
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    lagging, failing, fine = f"{table_name}_lag", f"{table_name}_fail", f"{table_name}_ok"
+    for name, promise in ((lagging, "1 second"), (failing, "1 hour"), (fine, "1 hour")):
+        pg_conn.execute(f"CREATE TABLE {name} (id bigint PRIMARY KEY, d date)")
+        pg_conn.execute("SELECT coldharbor.register_table(%s, p_freshness => %s)", (name, promise))
+        pg_conn.execute(f"INSERT INTO {name} SELECT g, '2026-11-28' FROM generate_series(1, 1500) g")
+        assert export_job.main(["--table", f"public.{name}", "--lake-root", lake_root]) == 0
+    pg_conn.execute(f"UPDATE {failing} SET d = 'infinity' WHERE id = 7")  # the lake holds no such date
+    assert export_job.main(["--table", f"public.{failing}", "--lake-root", lake_root]) == 2
+    pg_conn.execute(f"UPDATE {lagging} SET d = '2026-11-29' WHERE id <= 10")
+    time.sleep(1.5)
+
+    with Browser(tmp_path / "chromium") as browser:
+        log_in(browser, base, "admin")
+        png = browser.screenshot(tmp_path / "health.png")
+        page = browser.html()
+        charts = browser.evaluate("document.querySelectorAll('#tables svg.chart polyline').length")
+        links = browser.evaluate("[...document.querySelectorAll('#tables a')].map(a => a.href)")
+
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000, len(png)
+    lag_cells, fail_cells, ok_cells = (table_cells(page, n) for n in (lagging, failing, fine))
+    assert lag_cells[1].startswith('<span class="state lagging">lagging</span>: the oldest unexported change is ')
+    assert "past the promise of 1.0 s" in lag_cells[1] and lag_cells[2] == "10"
+    assert fail_cells[1].startswith('<span class="state failing">failing</span>: its last export, at ')
+    assert "failed: the export task's log says why" in fail_cells[1] and fail_cells[2] == "1"
+    assert ok_cells[1].startswith('<span class="state ok">ok</span>') and ok_cells[9].startswith("1,500 rows in ")
+    for cells in (lag_cells, fail_cells, ok_cells):  # backlog, lag and export-time charts, drawn from samples
+        assert all(cells[i].startswith('<svg class="chart"') and "<polyline" in cells[i] for i in (3, 5, 10)), cells
+    assert charts >= 9
+    assert links and all(link == f"{base}/dags/coldharbor_cdc/runs" for link in links), links

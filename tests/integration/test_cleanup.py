@@ -245,3 +245,24 @@ def test_files_of_an_export_killed_mid_write_are_removed_once_old_enough(
     assert data_files(folder) == referenced
     assert export(spark, pg_dsn, table_name, lake_root).status == "exported"
     assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
+
+
+def test_health_samples_older_than_two_days_are_pruned_and_a_dry_run_only_counts_them(pg_dsn, pg_conn, table_name):
+    from coldharbor.cleanup import prune_health_samples
+
+    pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    pg_conn.execute("""INSERT INTO coldharbor.health_samples (table_id, sampled_at, export_status, dirty_rows, lag_s)
+                       SELECT table_id, now() - make_interval(hours => h), 'exported', 0, 0
+                         FROM coldharbor.tables, (VALUES (1), (47), (49), (72)) v(h) WHERE table_name = %s""",
+                    (table_name,))
+
+    def kept() -> list[int]:
+        return [r[0] for r in pg_conn.execute(
+            "SELECT round(extract(epoch FROM now() - sampled_at) / 3600)::int FROM coldharbor.health_samples s "
+            "JOIN coldharbor.tables t USING (table_id) WHERE t.table_name = %s ORDER BY 1", (table_name,))]
+
+    with pg.connect(pg_dsn) as conn:  # as the cleanup job: the pipeline's login
+        assert prune_health_samples(conn, dry_run=True) >= 2 and kept() == [1, 47, 49, 72]
+        assert prune_health_samples(conn, dry_run=False) >= 2
+    assert kept() == [1, 47]

@@ -27,7 +27,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, SqlglotError, TokenError
 
 from coldharbor.errors import ReportError
-from coldharbor.registry import RegisteredTable
+from coldharbor.registry import RegisteredTable, one_line
 from coldharbor.sql_check import ASCII_NAME, DIALECT, check_tree, snippet
 from coldharbor.sql_feeds import FeedCall, FeedPoint, take_feeds
 
@@ -213,19 +213,26 @@ def _lookup(table: exp.Table, by_name: Mapping[str, list[RegisteredTable]]) -> R
     key = ".".join(written).lower()
     candidates = by_name.get(key, [])
     if not candidates:
-        raise ReportError(f"table {key} is not a registered table "
-                          f"(registered: {', '.join(sorted(n for n in by_name if '.' in n)) or 'none'})")
+        raise ReportError(f"table {one_line(key)} is not a registered table (registered: {_some(by_name)})")
     if len(candidates) > 1:
         exact = [t for t in candidates
                  if [t.schema_name, t.table_name][-len(written):] == written]
         if len(exact) != 1:
-            spellings = " and ".join(t.qualified_name for t in candidates)
+            spellings = " and ".join(one_line(t.qualified_name) for t in candidates)
             if len({t.table_name for t in candidates}) < len(candidates):
-                raise ReportError(f"table name {key} is ambiguous ({spellings}): qualify it")
-            raise ReportError(f"table name {'.'.join(written)} is ambiguous: registered tables {spellings} "
+                raise ReportError(f"table name {one_line(key)} is ambiguous ({spellings}): qualify it")
+            raise ReportError(f"table name {one_line('.'.join(written))} is ambiguous: registered tables {spellings} "
                               "differ only in case; write the name in its exact case")
         return exact[0]
     return candidates[0]
+
+
+def _some(by_name: Mapping[str, list[RegisteredTable]], shown: int = 10) -> str:
+    """The first registered names, on one line (a name may hold a newline), and how many more."""
+    names = sorted(one_line(n) for n in by_name if "." in n)
+    if not names:
+        return "none"
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _regenerate(tree: exp.Query, views: set[str]) -> str:

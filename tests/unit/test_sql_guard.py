@@ -148,3 +148,13 @@ def test_a_change_feed_stands_as_a_table_with_its_points_taken_as_written():
 def test_a_change_feed_call_other_than_a_name_and_two_points_is_refused(text, message):
     with pytest.raises(ReportError, match=re.escape(message)):
         sql_guard.check_query(text, REGISTERED)
+
+
+def test_an_unknown_table_is_named_on_one_line_with_a_few_registered_ones():
+    many = [RegisteredTable(10 + n, "public", f"t{n:02d}\nx", ("id",), None, (), ()) for n in range(25)]
+    with pytest.raises(ReportError) as refused:
+        check_query('SELECT * FROM "no\nsuch"', many)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("table no\\nsuch is not a registered table (registered: public.t00\\nx, ")
+    assert message.endswith("public.t09\\nx and 15 more)")

@@ -105,6 +105,7 @@ def _table_cells(t: dict[str, Any], samples: list[dict[str, Any]], now: datetime
         charts.sparkline(samples, "lag_s", now, "freshness lag", limit=promise),
         _cell(t["last_batch"]), _cell(t["last_export_at"]), _cell(t["last_export_version"]),
         f'{charts.count(t["last_change_export_rows"])} rows in {charts.duration(t["last_change_export_duration_s"])}',
+        charts.sparkline(samples, "export_rows", now, "rows exported", formatter=charts.count),
         charts.sparkline(samples, "export_s", now, "export duration"),
         _cell(count), _cell(average / 1024 if average is not None else None),
         f'{_cell(t["last_compaction_at"])} ({_cell(t["last_compaction_state"])})',
@@ -128,7 +129,7 @@ highest in each chart's tooltip; the dashed line is the freshness promise).</p>
 <h2>Tables</h2><table id="tables"><tr><th>table</th><th>state</th><th>dirty rows</th><th>dirty rows, 24 h</th>
 <th>freshness lag / promise</th><th>lag, 24 h</th>
 <th>last export batch</th><th>last export at</th><th>Delta version</th><th>last export of changes</th>
-<th>export time, 24 h</th><th>files</th><th>avg file (KiB)</th>
+<th>rows per export, 24 h</th><th>export time, 24 h</th><th>files</th><th>avg file (KiB)</th>
 <th>last compaction</th><th>last cleanup</th><th>initial load</th><th>last verify</th></tr>{''.join(rows)}</table>
 <h2>Recent report runs</h2><table id="report-runs"><tr><th>report</th><th>target</th><th>mode</th><th>state</th>
 <th>degraded</th><th>as of</th><th>rows</th><th>started</th><th>finished</th><th>error</th></tr>{''.join(runs)}

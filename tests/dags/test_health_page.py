@@ -70,7 +70,7 @@ def test_a_logged_in_browser_sees_an_exported_table(airflow_web, spark, pg_dsn, 
     assert cells[4].endswith("</span> / 5.0 min")            # freshness lag / promise
     assert cells[6] == str(result.batch_id) and cells[8] == str(result.lake_version)
     assert cells[9] == "30 rows in " + cells[9].split(" in ")[1] and cells[3].startswith("<svg")
-    assert int(cells[11]) >= 1                               # files in the Delta table
+    assert int(cells[12]) >= 1                               # files in the Delta table
     assert table_cells(framed, table_name)[2] == "4"
 
 
@@ -253,7 +253,7 @@ def test_the_page_finds_each_tables_lake_folder_as_the_jobs_do(airflow_home, spa
         pg_conn.execute("SELECT coldharbor.register_table(%s)", (f'public."{name}"',))
     export(spark, pg_dsn, f'public."{dotted}"', lake_root)
     page = health_page.build_page()
-    files = table_cells(page, dotted)[11]
+    files = table_cells(page, dotted)[12]
     assert files.isdigit() and int(files) >= 1, table_cells(page, dotted)
     row = next(line for line in page.split("<tr>") if html.escape(f"public.{hostile}") in line)
     assert html.escape(lake_files.NO_OWN_FOLDER) in row
@@ -431,9 +431,9 @@ def test_a_lagging_and_a_failing_table_are_red_with_their_rule_charts_and_links(
     assert fail_cells[1].startswith('<span class="state failing">failing</span>: its last export, at ')
     assert "failed: the export task's log says why" in fail_cells[1] and fail_cells[2] == "1"
     assert ok_cells[1].startswith('<span class="state ok">ok</span>') and ok_cells[9].startswith("1,500 rows in ")
-    for cells in (lag_cells, fail_cells, ok_cells):  # backlog, lag and export-time charts, drawn from samples
-        assert all(cells[i].startswith('<svg class="chart"') and "<polyline" in cells[i] for i in (3, 5, 10)), cells
-    assert charts >= 9
+    for cells in (lag_cells, fail_cells, ok_cells):  # backlog, lag, rows and time charts, drawn from samples
+        assert all(cells[i].startswith('<svg class="chart"') and "<polyline" in cells[i] for i in (3, 5, 10, 11)), cells
+    assert charts >= 12
     assert links and all(link == f"{base}/dags/coldharbor_cdc/runs" for link in links), links
     for name in (lagging, failing):  # behind their promises: no later check_freshness of the run should see them
         pg_conn.execute(f"DROP TABLE {name}")

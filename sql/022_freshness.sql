@@ -5,7 +5,8 @@
 -- the health page shows the table red, with the rule.
 
 ALTER TABLE coldharbor.tables ADD COLUMN freshness interval NOT NULL DEFAULT '5 minutes'
-    CONSTRAINT tables_freshness_check CHECK (freshness > '0'::interval AND freshness <= '30 days'::interval);
+    CONSTRAINT tables_freshness_check CHECK (freshness > '0'::interval AND freshness <= '30 days'::interval
+                                             AND extract(month FROM freshness) = 0 AND extract(year FROM freshness) = 0);
 
 -- Sets the freshness a registered table promises, as the schema owner, for a caller who may
 -- register it.
@@ -14,8 +15,10 @@ RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM coldharbor.check_may_register(p_table, session_user);
-    IF p_freshness IS NULL OR p_freshness <= '0'::interval OR p_freshness > '30 days'::interval THEN
-        RAISE EXCEPTION 'cannot register %: p_freshness must be an interval above 0 and at most 30 days, not %',
+    -- Months and years have no fixed length: the page, the metrics and the alert all count seconds.
+    IF p_freshness IS NULL OR p_freshness <= '0'::interval OR p_freshness > '30 days'::interval
+       OR extract(month FROM p_freshness) <> 0 OR extract(year FROM p_freshness) <> 0 THEN
+        RAISE EXCEPTION 'cannot register %: p_freshness must be an interval above 0 and at most 30 days, in days, hours, minutes or seconds (not months), not %',
             p_table, coalesce(quote_literal(p_freshness::text), 'NULL')
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'How far behind PostgreSQL the lake may fall before the table counts as lagging, '

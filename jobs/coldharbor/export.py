@@ -410,8 +410,15 @@ def main(argv: list[str]) -> int:
             if len(todo) == 1 and not results:
                 registry.require_privileges(conn, todo[0])  # refuse before Spark starts
             if todo:
-                spark = spark_sessions.get_session("coldharbor-cdc-export")
-                results += run(spark, conn, jdbc, config, todo, dsn=dsn, workers=worker_count(spark, len(todo)))
+                try:
+                    spark = spark_sessions.get_session("coldharbor-cdc-export")
+                    results += run(spark, conn, jdbc, config, todo, dsn=dsn, workers=worker_count(spark, len(todo)))
+                except Exception as exc:
+                    # An unforeseen failure: the page must show these tables failing too (their outcome
+                    # is not known table by table), then the job fails as before.
+                    record_samples(conn, tables, results + [TableResult(t.qualified_name, "failed", error=str(exc))
+                                                            for t in todo])
+                    raise
             for result in results:
                 log.info("result: %s", result)
             record_samples(conn, tables, results)

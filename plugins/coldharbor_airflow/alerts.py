@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 def describe(broken: dict[str, Any]) -> str:
     lag, promise = float(broken["lag_s"]), float(broken["promise_s"])
-    return (f"{broken['name']} is {_duration(lag)} behind PostgreSQL, promised at most {_duration(promise)} "
+    name = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in broken["name"])
+    return (f"{name!r} is {_duration(lag)} behind PostgreSQL, promised at most {_duration(promise)} "
             f"(its oldest unexported change is from {broken['oldest'].isoformat()})")
 
 

@@ -3,18 +3,28 @@
 
 Charts are inline SVG drawn here, on the server: no script, no library, no network, so the page
 works offline and behind any proxy. Each chart covers the last 24 hours, oldest left; a cycle
-that exported nothing of a table wrote no sample (nothing was dirty), and the line falls to 0 there.
+that exported nothing of a table wrote no sample (nothing was dirty), so where samples are more than
+three minutes apart the line falls to 0 between them. The latest sample is a dot.
 """
 
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 WINDOW = timedelta(hours=24)
 WIDTH, HEIGHT = 240, 36
+CYCLE = timedelta(minutes=1)   # the export cadence
+GAP = timedelta(minutes=3)     # samples further apart than this: the cycles between had nothing to export
+
+
+def _finite(value: Any) -> float:
+    """A figure a chart can place: NaN, infinities and negatives (a hand-written sample) count as 0."""
+    number = float(value or 0)
+    return number if math.isfinite(number) and number > 0 else 0.0
 
 
 def duration(seconds: Any) -> str:
@@ -54,7 +64,14 @@ def sparkline(samples: Sequence[dict[str, Any]], key: str, now: datetime, label:
     """An inline SVG line of samples[key] over the last 24 hours (a dashed line at `limit`); its
     title names the latest and highest values."""
     start = now - WINDOW
-    points = [(s["sampled_at"], float(s[key] or 0)) for s in samples if s["sampled_at"] >= start]
+    points: list[tuple[datetime, float]] = []
+    for sample in samples:
+        at, value = sample["sampled_at"], _finite(sample[key])
+        if not start <= at <= now:
+            continue
+        if points and at - points[-1][0] > GAP:  # no sample between: nothing was dirty, so nothing exported
+            points += [(points[-1][0] + CYCLE, 0.0), (at - CYCLE, 0.0)]
+        points.append((at, value))
     top = max([v for _, v in points] + [limit or 0, 1e-9])
 
     def xy(at: datetime, value: float) -> str:
@@ -73,5 +90,7 @@ def sparkline(samples: Sequence[dict[str, Any]], key: str, now: datetime, label:
         parts.append(f'<line x1="0" x2="{WIDTH}" y1="{y:.1f}" y2="{y:.1f}" stroke="#b42318" stroke-dasharray="4 3"/>')
     if points:
         parts.append(f'<polyline fill="none" stroke="#1f6feb" stroke-width="1.5" points="{line}"/>')
+        x, y = xy(*points[-1]).split(",")
+        parts.append(f'<circle cx="{x}" cy="{y}" r="2" fill="#1f6feb"/>')  # the latest, visible alone too
     parts.append("</svg>")
     return "".join(parts)

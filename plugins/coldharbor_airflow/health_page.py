@@ -29,8 +29,9 @@ from coldharbor_airflow.page_auth import install_refusal_pages, require_plugin_v
 log = logging.getLogger(__name__)
 
 # No OpenAPI document or docs pages: the app's only public surface is the page itself.
+# No redirect of /health/ to /health either: Starlette builds it from the request's Host header.
 app = FastAPI(title="Coldharbor", description="Lakehouse health", docs_url=None, redoc_url=None,
-              openapi_url=None, dependencies=[Depends(require_plugin_viewer)])
+              openapi_url=None, redirect_slashes=False, dependencies=[Depends(require_plugin_viewer)])
 install_refusal_pages(app)
 HOT_TIER_UNREADABLE = "The hot tier cannot be read right now; the API server's log says why."
 RUN_FAILED = "failed: the run's task log has the message"
@@ -100,8 +101,8 @@ def _table_cells(t: dict[str, Any], samples: list[dict[str, Any]], now: datetime
         f'<span class="state {state}">{state}</span>: {html.escape(rule)}',
         charts.count(t["dirty_rows"]),
         charts.sparkline(samples, "dirty_rows", now, "dirty rows", formatter=charts.count),
-        f'<span class="{"bad" if state == "lagging" else ""}">{charts.duration(lag)}</span> / '
-        f'{charts.duration(promise)}',
+        (f'<span class="{"bad" if state == "lagging" else ""}">{charts.duration(lag)}</span> / '
+         f'{charts.duration(promise)}'),
         charts.sparkline(samples, "lag_s", now, "freshness lag", limit=promise),
         _cell(t["last_batch"]), _cell(t["last_export_at"]), _cell(t["last_export_version"]),
         f'{charts.count(t["last_change_export_rows"])} rows in {charts.duration(t["last_change_export_duration_s"])}',

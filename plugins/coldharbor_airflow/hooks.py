@@ -130,12 +130,12 @@ class ColdharborHook(BaseHook):
                   FROM coldharbor.tables t
                   CROSS JOIN LATERAL (SELECT min(created_at) AS oldest FROM coldharbor.change_log
                                        WHERE table_id = t.table_id AND flushed_at IS NULL) d
-                 WHERE d.oldest < now() - t.freshness
+                 WHERE extract(epoch FROM now() - d.oldest) > extract(epoch FROM t.freshness)  -- as the page
                  ORDER BY d.oldest, t.table_id""")
             names = [d.name for d in cur.description]
             return [dict(zip(names, row)) for row in cur.fetchall()]
 
-    def health(self, recent_runs: int = 10) -> dict[str, Any]:
+    def health(self, recent_runs: int = 10, with_samples: bool = True) -> dict[str, Any]:
         """The figures of the health page, per table (with its health samples of the last 24 hours)
         and for recent report runs, from PostgreSQL."""
         with self.connect() as conn:
@@ -182,18 +182,24 @@ class ColdharborHook(BaseHook):
                  ORDER BY t.table_id""")
             names = [d.name for d in cur.description]
             tables = [dict(zip(names, row)) for row in cur.fetchall()]
-            cur = conn.execute("""SELECT run_id, report, target, mode, state, degraded, as_of, row_count,
+            # An as-of a run was refused for may lie beyond what Python's datetime holds (year 10000).
+            cur = conn.execute("""SELECT run_id, report, target, mode, state, degraded,
+                                         CASE WHEN as_of BETWEEN '0001-01-02' AND '9999-12-30' THEN as_of END AS as_of,
+                                         row_count,
                                          started_at, finished_at, error
                                     FROM coldharbor.report_runs ORDER BY started_at DESC LIMIT %s""", (recent_runs,))
             names = [d.name for d in cur.description]
             runs = [dict(zip(names, row)) for row in cur.fetchall()]
-            cur = conn.execute("""SELECT table_id, sampled_at, export_status, export_rows, export_s, dirty_rows, lag_s
-                                    FROM coldharbor.health_samples WHERE sampled_at > now() - interval '24 hours'
-                                   ORDER BY table_id, sampled_at""")
-            names = [d.name for d in cur.description]
             samples: dict[int, list[dict[str, Any]]] = {}
-            for row in cur.fetchall():
-                samples.setdefault(row[0], []).append(dict(zip(names, row)))
+            if with_samples:  # a clock stepped back may have left samples in the future: not shown
+                cur = conn.execute("""SELECT s.table_id, s.sampled_at, s.export_status, s.export_rows, s.export_s,
+                                             s.dirty_rows, s.lag_s
+                                        FROM coldharbor.health_samples s JOIN coldharbor.tables t USING (table_id)
+                                       WHERE s.sampled_at > now() - interval '24 hours' AND s.sampled_at <= now()
+                                       ORDER BY s.table_id, s.sampled_at""")
+                names = [d.name for d in cur.description]
+                for row in cur.fetchall():
+                    samples.setdefault(row[0], []).append(dict(zip(names, row)))
             now = conn.execute("SELECT now()").fetchone()[0]
         return {"tables": tables, "report_runs": runs, "samples": samples, "now": now}
 

@@ -27,8 +27,9 @@ the PostgreSQL side, their Delta types on the lake side). What a job reads and w
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 from collections.abc import Sequence
-from urllib.parse import urlsplit
 
 from airflow.providers.common.compat.openlineage.facet import (
     Dataset,
@@ -38,6 +39,8 @@ from airflow.providers.common.compat.openlineage.facet import (
 from airflow.providers.openlineage.extractors import OperatorLineage
 
 from coldharbor_airflow.paths import import_jobs_package
+
+log = logging.getLogger(__name__)
 
 # The other jobs, per table: (reads PostgreSQL's table, reads the lake's, writes PostgreSQL's, writes the lake's).
 _SIDES = {"compact.py": (False, True, False, True), "cleanup.py": (False, True, False, True),
@@ -57,12 +60,16 @@ def postgres_dataset(dsn: str, schema: str, table: str, fields: Sequence[tuple[s
 
 def lake_dataset(path: str, fields: Sequence[tuple[str, str]] = ()) -> Dataset:
     """A Delta table by its folder: file + absolute path, or s3://bucket + key."""
-    parts = urlsplit(path)
-    if parts.scheme in ("s3", "s3a", "s3n"):
-        return Dataset(namespace=f"s3://{parts.netloc}", name=parts.path.lstrip("/"), facets=_schema(fields))
-    if parts.scheme not in ("", "file"):
-        return Dataset(namespace=f"{parts.scheme}://{parts.netloc}", name=parts.path, facets=_schema(fields))
-    return Dataset(namespace="file", name=parts.path if parts.scheme else path, facets=_schema(fields))
+    scheme, sep, rest = path.partition("://")
+    if not sep:  # a local folder
+        return Dataset(namespace="file", name=os.path.abspath(path), facets=_schema(fields))
+    # Split by hand: a folder name may hold '#' or '?', which a URL parser would cut off.
+    host, _, key = rest.partition("/")
+    if scheme in ("s3", "s3a", "s3n"):
+        return Dataset(namespace=f"s3://{host}", name=key, facets=_schema(fields))
+    if scheme == "file":
+        return Dataset(namespace="file", name=f"/{key}", facets=_schema(fields))
+    return Dataset(namespace=f"{scheme}://{host}", name=f"/{key}", facets=_schema(fields))
 
 
 def _schema(fields: Sequence[tuple[str, str]]) -> dict:
@@ -76,6 +83,7 @@ def job_lineage(job: str, argv: Sequence[str], dsn: str, lake_root: str) -> Oper
     report, its checked SQL): a report that would be refused names no dataset."""
     import_jobs_package()
     from coldharbor import pg, registry
+    from coldharbor.errors import ColdharborError
 
     with pg.connect(dsn) as conn:
         if job == "serve_report.py":
@@ -88,7 +96,12 @@ def job_lineage(job: str, argv: Sequence[str], dsn: str, lake_root: str) -> Oper
             lake = lake_dataset(table.lake_path(lake_root), [(c.name, c.lake_type.lower()) for c in columns])
             return source, lake
 
-        pairs = [sides(t) for t in tables]
+        pairs = []
+        for table in tables:
+            try:
+                pairs.append(sides(table))
+            except ColdharborError as exc:  # no lake folder of its own name, gone since: the job refuses it too
+                log.info("no lineage for %s: %s", table.qualified_name, exc)
         if job == "cdc_export.py":
             return OperatorLineage(inputs=[s for s, _ in pairs], outputs=[lake for _, lake in pairs])
         if job == "changes.py":
@@ -117,6 +130,8 @@ def _report(conn, argv: Sequence[str], dsn: str, lake_root: str) -> OperatorLine
     from coldharbor.serve import validate_report
     from coldharbor.serve_cli import build_config, build_parser
 
+    if "--lake-root" not in argv:  # the operator's lake root (its argument, the Variable, the environment)
+        argv = [*argv, "--lake-root", lake_root]
     try:
         args = build_parser().parse_args(list(argv))
         config = build_config(args, args.run_id or "lineage")
@@ -124,10 +139,14 @@ def _report(conn, argv: Sequence[str], dsn: str, lake_root: str) -> OperatorLine
     except (ColdharborError, SystemExit, argparse.ArgumentError):
         return OperatorLineage()
     inputs = []
-    for table in checked.read_tables:
-        columns = registry.lake_columns(conn, table)
-        inputs.append(postgres_dataset(dsn, table.schema_name, table.table_name, [(c.name, c.pg_type) for c in columns]))
-        inputs.append(lake_dataset(table.lake_path(lake_root), [(c.name, c.lake_type.lower()) for c in columns]))
+    try:
+        for table in checked.read_tables:
+            columns = registry.lake_columns(conn, table)
+            inputs.append(postgres_dataset(dsn, table.schema_name, table.table_name,
+                                           [(c.name, c.pg_type) for c in columns]))
+            inputs.append(lake_dataset(table.lake_path(lake_root), [(c.name, c.lake_type.lower()) for c in columns]))
+    except ColdharborError:  # the report will be refused for it
+        return OperatorLineage()
     return OperatorLineage(inputs=inputs, outputs=[_report_output(dsn, lake_root, config.target, config.sink)])
 
 

@@ -89,7 +89,7 @@ def read_figures() -> dict[str, Any] | None:
 
     hook = ColdharborHook()
     try:
-        return {"tables": hook.health(recent_runs=0)["tables"], "reports": hook.report_figures()}
+        return {"tables": hook.health(recent_runs=0, with_samples=False)["tables"], "reports": hook.report_figures()}
     except Exception:
         log.exception("the metrics cannot read the hot tier")
         return None

@@ -29,12 +29,13 @@ def test_a_table_promises_five_minutes_unless_asked_and_keeps_its_promise_when_r
     assert promise(pg_conn, table_name) == timedelta(seconds=90)
 
 
-@pytest.mark.parametrize("value", ["0 seconds", "-5 minutes", "31 days", "1 year"])
+@pytest.mark.parametrize("value", ["0 seconds", "-5 minutes", "31 days", "1 year", "1 mon -30 days 1 hour", "1 mon"])
 def test_a_promise_that_is_no_positive_interval_of_at_most_30_days_is_refused_naming_it(pg_conn, table_name, value):
     pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY)")
     with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
         pg_conn.execute("SELECT coldharbor.register_table(%s, p_freshness => %s)", (table_name, value))
-    assert "p_freshness must be an interval above 0 and at most 30 days" in str(refused.value)
+    assert "p_freshness must be an interval above 0 and at most 30 days, in days, hours, minutes or seconds" \
+        in str(refused.value)
     pg_conn.rollback()
     assert pg_conn.execute("SELECT count(*) FROM coldharbor.tables WHERE table_name = %s",
                            (table_name,)).fetchone()[0] == 0, "nothing registered"
@@ -55,7 +56,7 @@ def test_an_export_held_past_the_promise_fails_check_freshness_and_turns_the_pag
         task_ids=["check_freshness"], include_upstream=False)
     check.test()  # other tests' tables may be behind their promises; this one has nothing to export
     captured = capsys.readouterr()
-    assert f"public.{table_name} is " not in captured.out + captured.err
+    assert f"'public.{table_name}' is " not in captured.out + captured.err
 
     with pg.connect(admin_dsn) as holder, pg.advisory_lock(holder, "export", table_id) as held:
         assert held
@@ -71,7 +72,7 @@ def test_an_export_held_past_the_promise_fails_check_freshness_and_turns_the_pag
     # The failure callback's line (caught once or more, by each capture; other tests' tables may be in it).
     alerts = [line for line in out.splitlines() if "coldharbor freshness alert: freshness promise broken" in line]
     assert alerts, out[-3000:]
-    ours = re.compile(rf"public\.{table_name} is [0-9.,]+ (s|min) behind PostgreSQL, promised at most 2 s \(its oldest")
+    ours = re.compile(rf"'public\.{table_name}' is [0-9.,]+ (s|min) behind PostgreSQL, promised at most 2 s \(its oldest")
     assert all(ours.search(a) for a in alerts), alerts
 
     [row] = [t for t in ColdharborHook().health()["tables"] if t["table_name"] == table_name]

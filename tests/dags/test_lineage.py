@@ -63,7 +63,13 @@ def test_each_job_names_what_it_read_and_wrote(airflow_home, pg_dsn, pg_conn, ta
     assert fields(exported.inputs[0]) == [("id", "bigint"), (HOSTILE, "numeric(12,2)"),
                                           ("at", "timestamp with time zone")]
     assert fields(exported.outputs[0]) == [("id", "long"), (HOSTILE, "decimal(12,2)"), ("at", "timestamp")]  # as Delta names them
-    assert (postgres, lake) in zip(names(lineage("cdc_export.py").inputs), names(lineage("cdc_export.py").outputs))
+    # Every registered table, when the task exports every dirty one: one without a lake folder of its
+    # own name (the export refuses it) is left out, not the reason for no lineage at all.
+    pg_conn.execute(f'CREATE TABLE "{table_name}☃" (id int PRIMARY KEY)')
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (f'"{table_name}☃"',))
+    every = lineage("cdc_export.py")
+    assert (postgres, lake) in zip(names(every.inputs), names(every.outputs))
+    assert not [n for n in names(every.inputs) + names(every.outputs) if "☃" in n[1]]
 
     compacted = lineage("compact.py", "--table", table_name)
     assert names(compacted.inputs) == names(compacted.outputs) == [lake]

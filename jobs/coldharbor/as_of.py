@@ -61,8 +61,9 @@ def refuse_table_as_of(as_of: datetime, hot: HotTable) -> None:
                           "landed in the lake yet; retry after the next export")
     if hot.known_from is not None and as_of < hot.known_from:
         raise ReportError(f"as-of {as_of.isoformat()} is before {name} was loaded into the lake: its initial load "
-                          f"read the table as of {hot.known_from.isoformat()}, and the lake knows nothing earlier; "
-                          "the oldest time a report can be asked for is that one")
+                          f"(or its registration, for a table registered empty) read the table as of "
+                          f"{hot.known_from.isoformat()}, and the lake knows nothing earlier; the oldest time a "
+                          "report can be asked for is that one")
     if hot.unexported_since is not None and hot.unexported_since <= as_of:
         raise ReportError(f"as-of {as_of.isoformat()} is not in the lake yet: {name} has changes from "
                           f"{hot.unexported_since.isoformat()} that are not exported; retry after the next export")

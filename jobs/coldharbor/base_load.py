@@ -57,6 +57,14 @@ class LoadState:
     base_version: int | None
     base_at: datetime | None
     rebase_reason: str | None = None  # why the newest rebase was requested (sql/014)
+    registered_at: datetime | None = None  # when the registration began: a table registered empty is
+                                           # known to the lake from then on (and nothing earlier)
+
+    @property
+    def known_from(self) -> datetime | None:
+        """The oldest instant the lake can answer for: the initial load's snapshot, or the
+        registration of a table registered empty (which needed no load)."""
+        return self.loaded_at if self.loaded_at is not None else (None if self.pending else self.registered_at)
 
     @property
     def pending(self) -> bool:
@@ -77,8 +85,8 @@ class LoadState:
 
 
 def load_state(conn: psycopg.Connection, table_id: int) -> LoadState:
-    row = conn.execute("SELECT load_state, loaded_version, loaded_at, base_version, base_at, rebase_reason "
-                       "FROM coldharbor.tables WHERE table_id = %s", (table_id,)).fetchone()
+    row = conn.execute("SELECT load_state, loaded_version, loaded_at, base_version, base_at, rebase_reason, "
+                       "registered_at FROM coldharbor.tables WHERE table_id = %s", (table_id,)).fetchone()
     return LoadState(*row)
 
 

@@ -459,9 +459,15 @@ def parse_args(argv: list[str]) -> CompactionConfig:
                         help="auto: rewrite a table fully when its last full rewrite is older (default 24)")
     parser.add_argument("--run-id", help="identifier recorded with the run (default: a new one)")
     args = parser.parse_args(argv)
-    hours = args.history_hours if args.history_hours is not None else settings.history_window_hours()
+    window = settings.history_window_hours()
+    hours = args.history_hours if args.history_hours is not None else window
     if not hours > 0:
         raise ConfigError(f"the history window must be a positive number of hours, got {hours}")
+    if hours < window:
+        # Versions dropped inside the window as-of reports may ask for would make them answer wrongly.
+        raise ConfigError(f"--history-hours {hours:g} is shorter than the window as-of reports may ask for "
+                          f"({settings.HISTORY_WINDOW_ENV}={window:g} hours): the versions it would drop would make "
+                          "those reports wrong; keep at least that many hours, or shorten the window first")
     return CompactionConfig(
         table=args.table, lake_root=settings.lake_root(args.lake_root),
         run_id=args.run_id or maintenance_runs.new_run_id("compact"),

@@ -267,7 +267,7 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
             images = _pending_with_evicted_rows(conn, table, columns, version,
                                                 hot_reader.source_relation(conn, table))
             result[table.table_id] = HotTable(table, columns, images, None, load_pending=True,
-                                              known_from=load.loaded_at, pinned_version=version,
+                                              known_from=load.known_from, pinned_version=version,
                                               rebase_windows=windows)
             log.info("%s: %s not in lake version %s, whose rows evicted from PostgreSQL live there alone; served "
                      "as PostgreSQL's %s rows plus the lake's rows of the keys PostgreSQL lacks and no unexported "
@@ -279,7 +279,7 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
             images = _fetch_arrow(conn, whole_table_query(table, columns), table, columns)
             result[table.table_id] = HotTable(table, columns, images, None, hot_only=True,
                                               load_pending=not (hot_only or ahead), lake_ahead=ahead,
-                                              known_from=load.loaded_at, pinned_version=version,
+                                              known_from=load.known_from, pinned_version=version,
                                               rebase_windows=windows)
             if ahead:
                 log.warning("%s; served from PostgreSQL alone (%s rows) until then", ahead, images.num_rows)
@@ -291,6 +291,6 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
         images = _fetch_arrow(conn, dirty_images_query(table, columns, since, hot_reader.source_relation(conn, table)),
                               table, columns)
         result[table.table_id] = HotTable(table, columns, images, _unexported_since(conn, table, since),
-                                          known_from=load.loaded_at, pinned_version=version, rebase_windows=windows)
+                                          known_from=load.known_from, pinned_version=version, rebase_windows=windows)
         log.info("%s: %s dirty keys against lake version %s", table.qualified_name, images.num_rows, version)
     return HotSnapshot(taken_at, result)

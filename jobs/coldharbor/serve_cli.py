@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _parse_as_of(raw: str | None) -> datetime | None:
     if raw is None or raw.strip().lower() == "now":
         return None
+    if not raw.strip():  # an unset shell variable: never the present by accident
+        raise ReportError("--as-of is empty: give an ISO-8601 time (e.g. 2026-11-22T06:00:00Z) or now")
     try:
         value = datetime.fromisoformat(raw.strip())
     except ValueError:

@@ -540,8 +540,11 @@ class Run:
             self.fail(f"report as of {at.isoformat()} failed with exit {code}: {error}")
 
     def loaded_at(self):
-        """The initial load's snapshot time, or None (pending, or registered empty)."""
-        return self.conn.execute("SELECT loaded_at FROM coldharbor.tables WHERE schema_name || '.' || table_name = %s",
+        """The initial load's snapshot time, the registration's for a table registered empty, or None
+        (pending)."""
+        return self.conn.execute("SELECT CASE WHEN loaded_at IS NOT NULL THEN loaded_at "
+                                 "WHEN load_state = 'loaded' THEN registered_at END "
+                                 "FROM coldharbor.tables WHERE schema_name || '.' || table_name = %s",
                                  (self.table,), binary=True).fetchone()[0]
 
     def exported_together_around(self, at) -> bool:

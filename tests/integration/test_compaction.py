@@ -353,3 +353,18 @@ def test_a_lake_table_written_before_the_settled_column_gains_it_and_its_statist
         {(1, "a2", NEWEST), (2, "b", NEWEST)}
     assert lake.stats_property_columns(lake_store.table_property(path, lake.STATS_COLUMNS_PROPERTY)) == \
         ["id", "_ch_seq", SETTLED]
+
+
+@pytest.mark.parametrize("hours, window", [("0.001", None), ("100", "168"), ("24", "48")])
+def test_a_history_shorter_than_the_as_of_window_is_refused(hours, window, monkeypatch):
+    """Found by the cold attack: --history-hours 0.001 dropped versions as-of reports inside the
+    window still read, and they answered wrongly with exit 0."""
+    from coldharbor.compaction import parse_args
+
+    if window is None:
+        monkeypatch.delenv("COLDHARBOR_HISTORY_WINDOW_HOURS", raising=False)
+    else:
+        monkeypatch.setenv("COLDHARBOR_HISTORY_WINDOW_HOURS", window)
+    with pytest.raises(ConfigError, match=r"is shorter than the window as-of reports may ask for"):
+        parse_args(["--history-hours", hours, "--lake-root", "/tmp/lake"])
+    assert parse_args(["--history-hours", "200", "--lake-root", "/tmp/lake"]).history_window.total_seconds() == 720000

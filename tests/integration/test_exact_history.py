@@ -238,3 +238,32 @@ def test_the_change_feed_between_instants_inside_one_export_is_the_net_differenc
         assert changes.main(["--table", table_name, "--from", start.isoformat(), "--to", to, "--target", target,
                              "--lake-root", lake_root]) == 0, target
         assert feed_as_text(pg_conn, table_name, target) == expected_feed(before, after), target
+
+
+def test_an_instant_before_an_empty_table_was_registered_is_refused_not_answered_empty(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog):
+    """Found by the cold attack: a table registered empty had no initial load, so no instant was
+    'before the lake'; the rows it held before its registration were answered as none."""
+    pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, s text)")
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'before registration'), (2, 'x')")
+    before = instant(pg_conn)
+    pg_conn.execute(f"DELETE FROM {table_name}")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_history => 'exact')", (table_name,))
+    registered = instant(pg_conn)
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (3, 'after')")
+    export(spark, pg_dsn, table_name, lake_root)
+    after = instant(pg_conn)
+    caplog.clear()
+    assert as_of(monkeypatch, pg_dsn, lake_root, table_name, before, f"{table_name}-before") == 2
+    assert "was loaded into the lake" in report_run(pg_conn, f"{table_name}-before")["error"]
+    for at, rows in ((registered, {}), (after, {3: "(3,after)"})):
+        assert as_of(monkeypatch, pg_dsn, lake_root, table_name, at, f"{table_name}-{at:%H%M%S%f}") == 0
+        assert rows_as_text(pg_conn, f"reports.adhoc_{table_name}") == rows
+
+
+def test_an_empty_as_of_is_refused_not_served_as_now(pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
+    pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT * FROM {table_name}", "--target",
+                        f"adhoc_{table_name}", "--as-of", " ", "--run-id", f"{table_name}-empty") == 2
+    assert "--as-of is empty" in report_run(pg_conn, f"{table_name}-empty")["error"]

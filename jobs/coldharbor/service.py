@@ -62,8 +62,8 @@ def airflow_env(dsn: str) -> dict[str, str]:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__CORE__PARALLELISM": "4",
-        # OpenLineage (when a transport is configured) emits from a thread: a forked emitter can hang
-        # on the gRPC threads a job on the Spark Connect server leaves in the worker.
+        # OpenLineage (when a transport is configured) emits from a thread: a forked emitter never
+        # finished here after a job on Spark Connect (its gRPC threads, likely) and the event was lost.
         "AIRFLOW__OPENLINEAGE__EXECUTE_IN_THREAD": "True",
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(API_PORT),

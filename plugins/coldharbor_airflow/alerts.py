@@ -18,13 +18,17 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowFailException
 
 from coldharbor_airflow.hooks import DEFAULT_CONN_ID, ColdharborHook
+from coldharbor_airflow.paths import import_jobs_package
 
 log = logging.getLogger(__name__)
 
 
 def describe(broken: dict[str, Any]) -> str:
     lag, promise = float(broken["lag_s"]), float(broken["promise_s"])
-    name = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in broken["name"])
+    import_jobs_package()
+    from coldharbor.registry import one_line
+
+    name = one_line(broken["name"])  # a newline in a table's name must not forge a second log line
     return (f"{name!r} is {_duration(lag)} behind PostgreSQL, promised at most {_duration(promise)} "
             f"(its oldest unexported change is from {broken['oldest'].isoformat()})")
 

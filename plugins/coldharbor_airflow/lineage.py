@@ -151,7 +151,6 @@ def _report(conn, argv: Sequence[str], dsn: str, lake_root: str) -> OperatorLine
 
 
 def _report_output(dsn: str, lake_root: str, target: str | None, sink: str) -> Dataset:
-    import_jobs_package()
     from coldharbor import sinks
     from coldharbor.report_spec import REPORTS_SCHEMA, target_name
 

@@ -104,7 +104,7 @@ def test_a_report_dag_run_emits_its_lineage_to_the_configured_transport(
            "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(events),
                                                           "append": True}),
            "AIRFLOW__OPENLINEAGE__NAMESPACE": "coldharbor-test",
-           # A job on Spark Connect leaves gRPC threads in the worker, which a forked emitter can hang on.
+           # A forked emitter never finished here after a job on Spark Connect (its gRPC threads, likely).
            "AIRFLOW__OPENLINEAGE__EXECUTE_IN_THREAD": "True",
            f"AIRFLOW_CONN_{CONNECT_CONN.upper()}": json.dumps({"conn_type": "spark_connect", "host": host,
                                                               "port": int(port)}),

@@ -1,10 +1,12 @@
 """Exact history (issue 26): what keeping every change's image costs, and what it answers.
 
     python -m bench.exact_history [--keys 100000] [--changes-per-key 5] [--minutes 6] [--rounds 3]
+                                  [--parts capture,export,as-of]
 
 Side by side in one run:
 - capture: single-row and bulk writes (bench.write_path's workload) on a table without capture,
-  one registered with the default history ('latest') and one with p_history => 'exact'; rounds
+  one registered with the default history ('latest') and one with p_history => 'exact' (its
+  image, and since sql/024 the hash of the row before each update and delete); rounds
   interleaved, medians. The issue's goal: images add at most 15 points to the trigger's cost.
 - export: `--keys` keys changed `--changes-per-key` times each, exported in one batch from a
   'latest' table (one lake row per key) and an 'exact' one (one row per change), in-process on
@@ -201,14 +203,29 @@ def as_of_share(dsn: str, lake_root: str, minutes: float, instants: int = 20) ->
     return rows
 
 
+PARTS = ("capture", "export", "as-of")
+
+
 def run(keys: int = 100_000, per_key: int = 5, minutes: float = 6, rounds: int = 3,
-        single_n: int = 2_000, bulk_n: int = 100_000) -> list[Row]:
+        single_n: int = 2_000, bulk_n: int = 100_000, parts: tuple[str, ...] = PARTS) -> list[Row]:
     results: list[Row] = []
     with temporary_postgres() as dsn, tempfile.TemporaryDirectory(prefix="coldharbor-lake-") as lake_root:
-        results += capture_overhead(dsn, single_n, bulk_n, rounds)
-        results += export_throughput(dsn, lake_root, keys, per_key)
-        results += as_of_share(dsn, lake_root, minutes)
+        if "capture" in parts:
+            results += capture_overhead(dsn, single_n, bulk_n, rounds)
+        if "export" in parts:
+            results += export_throughput(dsn, lake_root, keys, per_key)
+        if "as-of" in parts:
+            results += as_of_share(dsn, lake_root, minutes)
     return results
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(","))
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(f"unknown part(s) {', '.join(map(repr, unknown))}; "
+                                         f"choose from {', '.join(PARTS)}")
+    return parts
 
 
 def main(argv: list[str]) -> int:
@@ -217,8 +234,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--changes-per-key", type=int, default=5)
     parser.add_argument("--minutes", type=float, default=6)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--parts", type=_parts, default=PARTS, help="comma-separated: " + ", ".join(PARTS))
     args = parser.parse_args(argv)
-    print(render(run(args.keys, args.changes_per_key, args.minutes, args.rounds)))
+    print(render(run(args.keys, args.changes_per_key, args.minutes, args.rounds, parts=args.parts)))
     return 0
 
 

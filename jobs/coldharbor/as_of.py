@@ -142,8 +142,9 @@ def lake_as_of(rows: DataFrame, columns: Sequence[LakeColumn], as_of: datetime, 
 
 # Why a table with exact history (sql/021) still has a span of changes in one lake row.
 NO_IMAGE = ("have changes around that instant with no row image the lake could hold (logged before the table "
-            "kept exact history or before a rebase, brought in by ATTACH PARTITION, or holding a value the lake "
-            "cannot hold or a JSON null)")
+            "kept exact history or before a rebase, brought in by ATTACH PARTITION, holding a value the lake "
+            "cannot hold or a JSON null, or written again in their transaction by a trigger or function in an "
+            "order the log cannot prove)")
 
 
 def refuse_inexact(rows: DataFrame, as_of: datetime, table: str, exact: bool = False) -> None:

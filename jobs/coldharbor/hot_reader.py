@@ -188,23 +188,31 @@ def logged_image_value(column: LakeColumn, image: str) -> sql.Composable:
                                            sql.SQL(column.pg_type))
 
 
+def _image_readable(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sql.Composable:
+    """True for a logged image in the table's shape now: one was logged, after the table's last
+    rebase request (before it, the image holds the old shape or old values). None is while the table
+    has a column registration refuses for exact history (sql/021), added since: a json column (an
+    image loses the spaces around its value) or a virtual generated one (an image holds NULL there)."""
+    if any(c.pg_type == "json" for c in columns):
+        return sql.SQL("false")
+    return sql.SQL(" AND ").join([
+        sql.SQL("c.image IS NOT NULL"),
+        sql.SQL("c.created_at > (SELECT coalesce(max(r.requested_at), '-infinity') FROM coldharbor.rebases r "
+                "WHERE r.table_id = {})").format(sql.Literal(table.table_id)),
+        sql.SQL("NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = (SELECT relid FROM "
+                "coldharbor.tables WHERE table_id = {}) AND a.attnum > 0 AND NOT a.attisdropped "
+                "AND a.attgenerated = 'v')").format(sql.Literal(table.table_id))])
+
+
 def _image_usable(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sql.Composable:
-    """True for a logged image an export can write as the row after its change: one was logged, after
-    the table's last rebase request (before it, the image holds the old shape or old values), with no
-    json null in a jsonb column (it cannot tell SQL NULL from JSON null) and every value one the lake
-    holds (a value of the past cannot be changed to one it does; the change's span then stays one
-    image, as without exact history). None is while the table has a column registration refuses
-    for exact history (sql/021), added since: a json column (an image loses the spaces around its
-    value) or a virtual generated one (an image holds NULL there)."""
+    """True for a logged image an export can write as the row after its change: a readable one
+    (`_image_readable`) with no json null in a jsonb column (it cannot tell SQL NULL from JSON null)
+    and every value one the lake holds (a value of the past cannot be changed to one it does; the
+    change's span then stays one image, as without exact history)."""
     if any(c.pg_type == "json" for c in columns):
         return sql.SQL("false")
     image = sql.SQL("c.image")
-    tests = [sql.SQL("c.image IS NOT NULL"),
-             sql.SQL("c.created_at > (SELECT coalesce(max(r.requested_at), '-infinity') FROM coldharbor.rebases r "
-                     "WHERE r.table_id = {})").format(sql.Literal(table.table_id)),
-             sql.SQL("NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = (SELECT relid FROM "
-                     "coldharbor.tables WHERE table_id = {}) AND a.attnum > 0 AND NOT a.attisdropped "
-                     "AND a.attgenerated = 'v')").format(sql.Literal(table.table_id))]
+    tests = [_image_readable(table, columns)]
     for c in columns:
         if c.is_key:
             continue
@@ -216,6 +224,27 @@ def _image_usable(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sql.
     return sql.SQL(" AND ").join(tests)
 
 
+def _image_hash(columns: Sequence[LakeColumn]) -> sql.Composable:
+    """A logged image's hash as capture hashes the row before a change (sql/024:
+    hash_record_extended of the row; a record's hash is its columns' hashes, dropped ones skipped),
+    each value read back through its type's input function."""
+    values = sql.SQL(", ").join(logged_image_value(c, "c.image") for c in columns)
+    return sql.SQL("hash_record_extended(ROW({}), 0)").format(values)
+
+
+def _chained(typed_keys: sql.Composable) -> sql.Composable:
+    """True for a change that the key's next logged change follows: the next one is an insert and
+    this one a delete, or the next one updates or deletes the very row this one left (its hash
+    before equals this one's image hash). A key's newest change has no next one. A change whose
+    image is unreadable (`_image_readable`; ATTACH PARTITION logs none) or that was logged before
+    capture hashed rows does not chain: what its transaction left cannot be shown."""
+    after = sql.SQL("OVER (PARTITION BY {} ORDER BY id)").format(typed_keys)
+    return sql.SQL("""CASE WHEN lead(id) {after} IS NULL THEN true
+                WHEN lead(op) {after} = 'I' THEN op = 'D'
+                ELSE op <> 'D' AND new_hash IS NOT NULL AND new_hash = lead(old_hash) {after} END""").format(
+        after=after)
+
+
 def exact_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], changed_at: sql.Composable,
                        relation: sql.Composable | None, share: sql.Composable) -> sql.Composed:
     """`dirty_images_query` for a table with exact history (sql/021): besides one row per dirty key
@@ -223,7 +252,12 @@ def exact_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], ch
     as that change left it (its logged image; a delete marker for a delete), with the change's own
     sequence and time. Each row's `_ch_first_changed_at` is the first change since the key's
     previous row in the batch: a change with no usable image (`_image_usable`) joins the span of
-    the row after it, which an as-of report then refuses inside, as it does for every table."""
+    the row after it, which an as-of report then refuses inside, as it does for every table.
+
+    A key's images stand only when its logged changes chain (`_chained`): capture logs in the order
+    statements finish, and a nested write (an application's trigger, a volatile function) can log
+    an older image after a newer one (sql/024). A key whose chain breaks writes only its newest
+    row, read from the table, spanning all of its changes in the batch."""
     keys = [c for c in columns if c.is_key]
     typed_keys = sql.SQL(", ").join(_key_column(i) for i in range(len(keys)))
 
@@ -237,13 +271,18 @@ def exact_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], ch
     return sql.SQL("""
         WITH logged AS (
             SELECT {key_values}, c.id, {change_time} AS change_at, c.op,
-                   CASE WHEN c.op <> 'D' AND {usable} THEN c.image END AS image
+                   CASE WHEN c.op <> 'D' AND {usable} THEN c.image END AS image,
+                   CASE WHEN c.op <> 'D' AND {readable} THEN {image_hash} END AS new_hash, c.old_hash
             FROM coldharbor.change_log c
             WHERE {dirty}{share}),
         changes AS (
-            SELECT *, row_number() OVER (PARTITION BY {typed_keys} ORDER BY id DESC) = 1 AS newest FROM logged),
+            SELECT *, row_number() OVER (PARTITION BY {typed_keys} ORDER BY id DESC) = 1 AS newest,
+                   {chained} AS chained
+            FROM logged),
         rows_of AS (
-            SELECT *, NOT newest AND (op = 'D' OR image IS NOT NULL) AS history FROM changes),
+            SELECT *, NOT newest AND (op = 'D' OR image IS NOT NULL)
+                      AND bool_and(chained) OVER (PARTITION BY {typed_keys}) AS history
+            FROM changes),
         numbered AS (
             SELECT *, count(*) FILTER (WHERE history) OVER (PARTITION BY {typed_keys} ORDER BY id
                                                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS span
@@ -263,6 +302,7 @@ def exact_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], ch
             sql.SQL("(c.key ->> {})::{} AS {}").format(sql.Literal(c.name), sql.SQL(c.pg_type), _key_column(i))
             for i, c in enumerate(keys)),
         change_time=changed_at, usable=_image_usable(table, columns), typed_keys=typed_keys,
+        readable=_image_readable(table, columns), image_hash=_image_hash(columns), chained=_chained(typed_keys),
         dirty=_dirty_changes(table), share=share,
         final_columns=checked_select(columns, final_value, through_jdbc=True),
         history_columns=checked_select(columns, history_value, through_jdbc=True),

@@ -267,3 +267,59 @@ def test_an_empty_as_of_is_refused_not_served_as_now(pg_dsn, pg_conn, table_name
     assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", f"SELECT * FROM {table_name}", "--target",
                         f"adhoc_{table_name}", "--as-of", " ", "--run-id", f"{table_name}-empty") == 2
     assert "--as-of is empty" in report_run(pg_conn, f"{table_name}-empty")["error"]
+
+
+# An application's own code that writes a row again inside the statement writing it: capture logs
+# the nested statement's change first, and the outer statement's older image last (sql/024).
+NESTED_WRITES = {
+    "after row trigger": ("""
+        CREATE FUNCTION {t}_stamp() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN UPDATE {t} SET stamp = 'stamped ' || NEW.v WHERE id = NEW.id; RETURN NULL; END $$;
+        CREATE TRIGGER {t}_stamp AFTER UPDATE OF v ON {t} FOR EACH ROW EXECUTE FUNCTION {t}_stamp()""",
+                          "UPDATE {t} SET v = 'nested' WHERE id = 1"),
+    "statement trigger sorting first": ("""
+        CREATE FUNCTION {t}_fix() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF pg_trigger_depth() = 1 THEN UPDATE {t} SET stamp = 'fixed ' || v; END IF;
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER a_{t}_fix AFTER UPDATE ON {t} FOR EACH STATEMENT EXECUTE FUNCTION {t}_fix()""",
+                                        "UPDATE {t} SET v = 'nested' WHERE id = 1"),
+    "volatile function in the statement": ("""
+        CREATE FUNCTION {t}_touch(k int) RETURNS text LANGUAGE plpgsql VOLATILE AS $$
+        BEGIN UPDATE {t} SET stamp = 'touched' WHERE id = k - 1; RETURN 'nested'; END $$""",
+                                           "INSERT INTO {t} (id, v) SELECT k, {t}_touch(k) FROM generate_series(5, 6) k"),
+}
+
+
+@pytest.mark.parametrize("how", NESTED_WRITES)
+def test_a_row_written_again_inside_its_statement_is_refused_between_not_answered_wrong(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, how):
+    """Found by the cold attack (session 28): the logged order made the outer statement's older
+    image stand as the state after its transaction. Now the instants after it, until the key's
+    next change, are refused; the instants before and after that span are still exact, and so is
+    every other key."""
+    setup, write = (s.format(t=table_name) for s in NESTED_WRITES[how])
+    pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, v text NOT NULL, stamp text)")
+    pg_conn.execute(f"INSERT INTO {table_name} (id, v) VALUES (1, 'a'), (2, 'b'), (4, 'd')")
+    pg_conn.execute(setup)
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_history => 'exact')", (table_name,))
+    export(spark, pg_dsn, table_name, lake_root)
+    before = (instant(pg_conn), rows_as_text(pg_conn, table_name))
+    pg_conn.execute(write)
+    written = rows_as_text(pg_conn, table_name)
+    nested_key = 1 if write.startswith("UPDATE") else 5
+    assert pg_conn.execute(f"SELECT stamp FROM {table_name} WHERE id = %s", (nested_key,)).fetchone()[0], written
+    between = instant(pg_conn)
+    pg_conn.execute(f"UPDATE {table_name} SET stamp = 'next' WHERE id IN (1, 5)")
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'other key' WHERE id = 2")
+    after = (instant(pg_conn), rows_as_text(pg_conn, table_name))
+    export(spark, pg_dsn, table_name, lake_root)
+
+    run_id = f"{table_name}-between"
+    assert as_of(monkeypatch, pg_dsn, lake_root, table_name, between, run_id) == 2, (
+        "answered", rows_as_text(pg_conn, f"reports.adhoc_{table_name}"), "PostgreSQL held", written)
+    assert "written again in their transaction by a trigger or function" in report_run(pg_conn, run_id)["error"]
+    for i, (at, rows) in enumerate((before, after)):
+        assert as_of(monkeypatch, pg_dsn, lake_root, table_name, at, f"{table_name}-{i}") == 0
+        assert rows_as_text(pg_conn, f"reports.adhoc_{table_name}") == rows

@@ -280,3 +280,25 @@ def test_an_upgrade_captures_the_partitions_of_tables_registered_before(other_da
         assert conn.execute("""SELECT array_agg(tgrelid::regclass::text ORDER BY tgrelid::regclass::text) FROM pg_trigger
                                 WHERE tgname = 'coldharbor_evict_guard'""").fetchone()[0] == [
             "old", "old_1", "old_2", "old_2_all"]
+
+
+def test_an_upgrade_hashes_the_rows_before_changes_of_tables_with_exact_history(other_database):
+    """Migration 024 on a database with a table keeping exact history: its updates and deletes log
+    the hash of the row before them from then on (the export chains images with it); a table with
+    the default history logs none, as before."""
+    with pg.connect(other_database) as conn:
+        migrate.apply(conn, [m for m in migrate.discover() if m.name < "024"])
+        for name, history in (("public.old", "exact"), ("public.plain", "latest")):
+            conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text NOT NULL)")
+            conn.execute(f"INSERT INTO {name} VALUES (1, 'a')")
+            conn.execute("SELECT coldharbor.register_table(%s, p_history => %s)", (name, history))
+            conn.execute(f"UPDATE {name} SET v = 'b'")
+        migrate.apply(conn, migrate.discover())
+        for name in ("public.old", "public.plain"):
+            conn.execute(f"UPDATE {name} SET v = 'c'")
+            conn.execute(f"DELETE FROM {name}")
+        logged = conn.execute("SELECT t.table_name, c.op, c.old_hash FROM coldharbor.change_log c "
+                              "JOIN coldharbor.tables t USING (table_id) ORDER BY c.id").fetchall()
+        hash_of = dict(conn.execute("SELECT v, hash_record_extended(ROW(1, v), 0) FROM unnest(ARRAY['b', 'c']) v"))
+        assert logged == [("old", "U", None), ("plain", "U", None), ("old", "U", hash_of["b"]),
+                          ("old", "D", hash_of["c"]), ("plain", "U", None), ("plain", "D", None)]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import psycopg
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from coldharbor import base_load, hot_reader, registry
@@ -147,26 +147,42 @@ NO_IMAGE = ("have changes around that instant with no row image the lake could h
             "order the log cannot prove)")
 
 
+def _refused_around(rows: DataFrame, as_of: datetime) -> tuple[str, str]:
+    """The stretch of refused instants around `as_of`, as ISO texts (start, end): the union of every
+    key's span [first change, last change) that overlaps it, directly or through another span, so
+    that the instants named are answered (a span of one key can end inside another key's)."""
+    spans = (rows.filter(column(FIRST_CHANGED_AT) < column(CHANGED_AT))
+             .select(column(FIRST_CHANGED_AT).alias("s"), column(CHANGED_AT).alias("e")))
+    earlier = Window.orderBy("s", "e").rowsBetween(Window.unboundedPreceding, -1)
+    # A span starts a new stretch when it begins after every earlier one has ended.
+    stretches = (spans.withColumn("reach", F.max("e").over(earlier))
+                 .withColumn("starts", (F.col("reach").isNull() | (F.col("s") > F.col("reach"))).cast("int"))
+                 .withColumn("stretch", F.sum("starts").over(earlier.rowsBetween(Window.unboundedPreceding, 0)))
+                 .groupBy("stretch").agg(F.min("s").alias("s"), F.max("e").alias("e")))
+    iso = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # in the session's zone (UTC), with it
+    found = (stretches.filter((F.col("s") <= F.lit(as_of)) & (F.col("e") > F.lit(as_of)))
+             .select(F.date_format("s", iso).alias("start"), F.date_format("e", iso).alias("end")).first())
+    return found["start"], found["end"]
+
+
 def refuse_inexact(rows: DataFrame, as_of: datetime, table: str, exact: bool = False) -> None:
     """ReportError when lake rows `rows` hold no exact state of `table` at `as_of`.
 
     An export writes one image per key for all of the key's changes since the previous export; a
     key changed more than once in that time has no lake version for the instants between its first
     and its last change. Serving the older version there would be a stale answer: refused instead,
-    naming the nearest instants that are exact.
+    naming the nearest instants that are exact (`_refused_around`).
     """
     if FIRST_CHANGED_AT in rows.columns:
         spans = rows.filter((column(FIRST_CHANGED_AT) <= F.lit(as_of)) & (column(CHANGED_AT) > F.lit(as_of)))
-        iso = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # in the session's zone (UTC), with it
-        found = spans.agg(F.count(F.lit(1)).alias("keys"),
-                          F.date_format(F.min(column(FIRST_CHANGED_AT)), iso).alias("start"),
-                          F.date_format(F.max(column(CHANGED_AT)), iso).alias("end")).first()
-        if found["keys"]:
+        keys = spans.count()
+        if keys:
+            start, end = _refused_around(rows, as_of)
             why = (NO_IMAGE if exact else "changed more than once between two exports around that instant, and the "
                    "lake holds one version per key per export")
             raise ReportError(
-                f"as-of {as_of.isoformat()} cannot be answered exactly for {table}: {found['keys']} key(s) {why}; "
-                f"the nearest exact instants are before {found['start']} or from {found['end']} on")
+                f"as-of {as_of.isoformat()} cannot be answered exactly for {table}: {keys} key(s) {why}; "
+                f"the nearest exact instants are before {start} or from {end} on")
     else:
         log.warning("%s: lake rows written before %s existed; as-of answers inside a span of changes exported "
                     "together cannot be told apart", table, FIRST_CHANGED_AT)

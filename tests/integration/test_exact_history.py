@@ -323,3 +323,31 @@ def test_a_row_written_again_inside_its_statement_is_refused_between_not_answere
     for i, (at, rows) in enumerate((before, after)):
         assert as_of(monkeypatch, pg_dsn, lake_root, table_name, at, f"{table_name}-{i}") == 0
         assert rows_as_text(pg_conn, f"reports.adhoc_{table_name}") == rows
+
+
+def test_the_nearest_exact_instants_a_refusal_names_are_answered(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                                 monkeypatch):
+    """Found by the cold attack (session 28): a refusal named the ends of the spans holding the
+    instant only, and one of them could lie inside another key's span, refused in turn. Key 1's
+    span ends inside key 2's here: the instants named are outside both."""
+    from datetime import datetime, timedelta
+
+    pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, v text)")
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a'), (2, 'b')")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'a1' WHERE id = 1")
+    inside = instant(pg_conn)
+    for statement in (f"UPDATE {table_name} SET v = 'b1' WHERE id = 2", f"UPDATE {table_name} SET v = 'a2' WHERE id = 1",
+                      f"UPDATE {table_name} SET v = 'b2' WHERE id = 2"):
+        instant(pg_conn)
+        pg_conn.execute(statement)
+    export(spark, pg_dsn, table_name, lake_root)
+
+    assert as_of(monkeypatch, pg_dsn, lake_root, table_name, inside, f"{table_name}-inside") == 2
+    error = report_run(pg_conn, f"{table_name}-inside")["error"]
+    before, after = error.split("the nearest exact instants are before ")[1].removesuffix(" on").split(" or from ")
+    named = [datetime.fromisoformat(before) - timedelta(microseconds=1), datetime.fromisoformat(after)]
+    assert [as_of(monkeypatch, pg_dsn, lake_root, table_name, at, f"{table_name}-{i}") for i, at in enumerate(named)] \
+        == [0, 0], error
+    assert rows_as_text(pg_conn, f"reports.adhoc_{table_name}") == {1: "(1,a2)", 2: "(2,b2)"}

@@ -44,8 +44,8 @@ def check_as_of(as_of: datetime, snapshot: HotSnapshot, window: timedelta) -> No
 
 def refuse_table_as_of(as_of: datetime, hot: HotTable) -> None:
     """ReportError when lake@V cannot answer for `hot`'s table as of `as_of`: a lake that is not
-    PostgreSQL's past, a rebase window, a base not in V, before the lake's start, or changes not
-    exported yet."""
+    PostgreSQL's past, a rebase window, a base not in V, before the lake's start, before what
+    compaction kept, or changes not exported yet."""
     name = hot.table.qualified_name
     if hot.lake_ahead:
         raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {name}: the lake's history is not "
@@ -64,6 +64,11 @@ def refuse_table_as_of(as_of: datetime, hot: HotTable) -> None:
                           f"(or its registration, for a table registered empty) read the table as of "
                           f"{hot.known_from.isoformat()}, and the lake knows nothing earlier; the oldest time a "
                           "report can be asked for is that one")
+    if hot.history_from is not None and as_of < hot.history_from:
+        raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {name}: a compaction kept its versions "
+                          f"from {hot.history_from.isoformat()} on only (the history window was shorter then than "
+                          "it is now), so the lake may lack the versions before; the oldest time a report can be "
+                          "asked for is that one")
     if hot.unexported_since is not None and hot.unexported_since <= as_of:
         raise ReportError(f"as-of {as_of.isoformat()} is not in the lake yet: {name} has changes from "
                           f"{hot.unexported_since.isoformat()} that are not exported; retry after the next export")
@@ -156,11 +161,11 @@ def _refused_around(rows: DataFrame, as_of: datetime) -> tuple[str, str]:
     earlier = Window.orderBy("s", "e").rowsBetween(Window.unboundedPreceding, -1)
     # A span starts a new stretch when it begins after every earlier one has ended.
     stretches = (spans.withColumn("reach", F.max("e").over(earlier))
-                 .withColumn("starts", (F.col("reach").isNull() | (F.col("s") > F.col("reach"))).cast("int"))
+                 .withColumn("starts", (column("reach").isNull() | (column("s") > column("reach"))).cast("int"))
                  .withColumn("stretch", F.sum("starts").over(earlier.rowsBetween(Window.unboundedPreceding, 0)))
                  .groupBy("stretch").agg(F.min("s").alias("s"), F.max("e").alias("e")))
     iso = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # in the session's zone (UTC), with it
-    found = (stretches.filter((F.col("s") <= F.lit(as_of)) & (F.col("e") > F.lit(as_of)))
+    found = (stretches.filter((column("s") <= F.lit(as_of)) & (column("e") > F.lit(as_of)))
              .select(F.date_format("s", iso).alias("start"), F.date_format("e", iso).alias("end")).first())
     return found["start"], found["end"]
 

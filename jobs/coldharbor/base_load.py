@@ -144,6 +144,13 @@ class RebaseWindow:
         return version is None or version < self.settled_version
 
 
+def history_kept_from(conn: psycopg.Connection, table_id: int) -> datetime | None:
+    """The newest cutoff a compaction of the table recorded (sql/025): the lake may lack the versions
+    older than it, so no as-of read before it is exact."""
+    row = conn.execute("SELECT kept_from FROM coldharbor.history_kept WHERE table_id = %s", (table_id,)).fetchone()
+    return None if row is None else row[0]
+
+
 def rebase_windows(conn: psycopg.Connection, table_id: int) -> tuple[RebaseWindow, ...]:
     """The table's rebase windows, oldest first, as the caller's snapshot sees them."""
     rows = conn.execute("SELECT reason, requested_at, settled_at, settled_version, dirty_since, renames_column, "

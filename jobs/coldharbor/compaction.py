@@ -289,6 +289,7 @@ def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: Reg
     metadata = {"operation": OPERATION, "run_id": config.run_id, "table": table.qualified_name,
                 "partition": dict(partition), "read_version": snap.version, "max_batch_id": max_batch}
     hook("compact_before_commit")
+    record_history_kept(conn, table, cutoff)
     writer = (out.write.format("delta").mode("overwrite")
               .option("replaceWhere", f"({where}) AND {quoted(BATCH_ID)} <= {max_batch}")
               .option("userMetadata", json.dumps(metadata, sort_keys=True))
@@ -318,6 +319,16 @@ def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: Reg
              result.bytes_after, result.rows_before, result.rows_after, result.versions_dropped,
              result.markers_dropped)
     return result
+
+
+def record_history_kept(conn: psycopg.Connection, table: RegisteredTable, cutoff: datetime) -> None:
+    """Records, before the rewrite commits, that versions older than `cutoff` may be gone from the
+    lake (sql/025): as-of reads before it are refused from then on, whatever the window is raised
+    to. A rewrite that then fails leaves the record a little early: refusals, never wrong answers."""
+    with conn.transaction():
+        conn.execute("INSERT INTO coldharbor.history_kept (table_id, kept_from) VALUES (%s, %s) "
+                     "ON CONFLICT (table_id) DO UPDATE SET kept_from = greatest(history_kept.kept_from, "
+                     "EXCLUDED.kept_from), recorded_at = now()", (table.table_id, cutoff))
 
 
 def _merge_partition(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,

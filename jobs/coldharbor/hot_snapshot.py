@@ -46,6 +46,7 @@ class HotTable:
     known_from: datetime | None = None  # the initial load's snapshot time: the lake knows nothing before
     pinned_version: int | None = None   # the lake version the report reads
     rebase_windows: tuple[base_load.RebaseWindow, ...] = ()  # times the lake lacks PostgreSQL's values
+    history_from: datetime | None = None  # a compaction's cutoff (sql/025): older versions may be gone
 
     @property
     def reads_evicted_rows(self) -> bool:
@@ -257,6 +258,7 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
         version = None if hot_only else pinned[table.table_id]
         load = base_load.load_state(conn, table.table_id)
         windows = base_load.rebase_windows(conn, table.table_id)
+        kept = base_load.history_kept_from(conn, table.table_id)
         if not hot_only and version is None and _flushed_before(conn, table):
             raise LakeUnavailableError(f"the lake table of {table.qualified_name} is missing, but changes of it "
                                        "were flushed there; the lake location is wrong or was removed")
@@ -268,7 +270,7 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
                                                 hot_reader.source_relation(conn, table))
             result[table.table_id] = HotTable(table, columns, images, None, load_pending=True,
                                               known_from=load.known_from, pinned_version=version,
-                                              rebase_windows=windows)
+                                              rebase_windows=windows, history_from=kept)
             log.info("%s: %s not in lake version %s, whose rows evicted from PostgreSQL live there alone; served "
                      "as PostgreSQL's %s rows plus the lake's rows of the keys PostgreSQL lacks and no unexported "
                      "change touched", table.qualified_name, _missing_base(load, version, windows), version,
@@ -280,7 +282,7 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
             result[table.table_id] = HotTable(table, columns, images, None, hot_only=True,
                                               load_pending=not (hot_only or ahead), lake_ahead=ahead,
                                               known_from=load.known_from, pinned_version=version,
-                                              rebase_windows=windows)
+                                              rebase_windows=windows, history_from=kept)
             if ahead:
                 log.warning("%s; served from PostgreSQL alone (%s rows) until then", ahead, images.num_rows)
             elif not hot_only:
@@ -291,6 +293,6 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
         images = _fetch_arrow(conn, dirty_images_query(table, columns, since, hot_reader.source_relation(conn, table)),
                               table, columns)
         result[table.table_id] = HotTable(table, columns, images, _unexported_since(conn, table, since),
-                                          known_from=load.known_from, pinned_version=version, rebase_windows=windows)
+                                          known_from=load.known_from, pinned_version=version, rebase_windows=windows, history_from=kept)
         log.info("%s: %s dirty keys against lake version %s", table.qualified_name, images.num_rows, version)
     return HotSnapshot(taken_at, result)

@@ -190,6 +190,30 @@ def test_registering_again_keeps_the_history_unless_asked(pg_conn, table_name):
     assert images() == ['{"id":1,"v":"a","doc":{}}', '{"id":1,"v":"b","doc":{}}', None, None]
 
 
+
+def test_registering_again_a_table_that_gained_a_column_exact_history_refuses_is_refused(pg_conn, table_name):
+    """Found by the cold attack (session 28): registering again without p_history kept 'exact' on a
+    table that had gained a json column, every image of it unusable from then on, silently."""
+    pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, v text)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_history => 'exact')", (table_name,))
+    pg_conn.execute(f"ALTER TABLE {table_name} ADD COLUMN \"Doc\" json")
+
+    def registration() -> tuple:
+        return pg_conn.execute("SELECT history, freshness::text FROM coldharbor.tables WHERE table_name = %s",
+                               (table_name,)).fetchone()
+
+    with pytest.raises(psycopg.errors.FeatureNotSupported) as refused:
+        pg_conn.execute("SELECT coldharbor.register_table(%s, p_freshness => '1 hour')", (table_name,))
+    assert refused.value.diag.message_primary == (
+        f"cannot keep exact history of public.{table_name}: column \"Doc\" is json, whose text a row image does not keep "
+        "exactly (the spaces around a value are lost)")
+    assert "register it with p_history => 'latest'" in refused.value.diag.message_hint
+    assert registration() == ("exact", "00:05:00")                     # nothing changed
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_history => 'latest', p_freshness => '1 hour')",
+                    (table_name,))
+    assert registration() == ("latest", "01:00:00")
+
+
 def feed_as_text(conn: psycopg.Connection, name: str, target: str) -> set[tuple[str, str]]:
     """(change type, the row's table columns as PostgreSQL prints them) of a change feed's rows."""
     listed = conn.execute("SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute "
@@ -351,3 +375,37 @@ def test_the_nearest_exact_instants_a_refusal_names_are_answered(spark, pg_dsn, 
     assert [as_of(monkeypatch, pg_dsn, lake_root, table_name, at, f"{table_name}-{i}") for i, at in enumerate(named)] \
         == [0, 0], error
     assert rows_as_text(pg_conn, f"reports.adhoc_{table_name}") == {1: "(1,a2)", 2: "(2,b2)"}
+
+
+def test_an_instant_before_what_compaction_kept_is_refused_after_the_window_is_raised(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
+    """Found by the cold attack (session 28): compaction drops the versions older than its window;
+    raising COLDHARBOR_HISTORY_WINDOW_HOURS afterwards made as-of reports inside the gap answer
+    from what was left (here: key 1 missing). Compaction records its cutoff (sql/025)."""
+    from datetime import timedelta
+
+    from coldharbor import registry
+    from coldharbor.compaction import CompactionConfig, compact_table
+
+    make_table(pg_conn, table_name, "exact")
+    export(spark, pg_dsn, table_name, lake_root)
+    early = (instant(pg_conn), rows_as_text(pg_conn, table_name))
+    pg_conn.execute(f"UPDATE {table_name} SET tx = 'later' WHERE id = 1")
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"UPDATE {table_name} SET tx = 'latest' WHERE id = 1")
+    export(spark, pg_dsn, table_name, lake_root)
+    time.sleep(1.5)
+    assert as_of(monkeypatch, pg_dsn, lake_root, table_name, early[0], f"{table_name}-before") == 0
+    assert rows_as_text(pg_conn, f"reports.adhoc_{table_name}") == early[1]
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # a window of one second, as compaction once ran
+        [table] = registry.load(conn, table_name)
+        compact_table(spark, conn, table, CompactionConfig(None, lake_root, f"c-{table_name}", min_small_files=2,
+                                                           history_window=timedelta(seconds=1)))
+    run_id = f"{table_name}-after"
+    assert as_of(monkeypatch, pg_dsn, lake_root, table_name, early[0], run_id) == 2, rows_as_text(
+        pg_conn, f"reports.adhoc_{table_name}")
+    assert "a compaction kept its versions from" in report_run(pg_conn, run_id)["error"]
+    now = (instant(pg_conn), rows_as_text(pg_conn, table_name))
+    assert as_of(monkeypatch, pg_dsn, lake_root, table_name, now[0], f"{table_name}-now") == 0
+    assert rows_as_text(pg_conn, f"reports.adhoc_{table_name}") == now[1]

@@ -29,8 +29,10 @@ def describe(broken: dict[str, Any]) -> str:
     from coldharbor.registry import one_line
 
     name = one_line(broken["name"])  # a newline in a table's name must not forge a second log line
-    return (f"{name!r} is {_duration(lag)} behind PostgreSQL, promised at most {_duration(promise)} "
-            f"(its oldest unexported change is from {broken['oldest'].isoformat()})")
+    why = (f"its initial load (or a new base after DDL) has been pending since {broken['oldest'].isoformat()}: "
+           "the lake lacks the whole table" if broken.get("pending")
+           else f"its oldest unexported change is from {broken['oldest'].isoformat()}")
+    return f"{name!r} is {_duration(lag)} behind PostgreSQL, promised at most {_duration(promise)} ({why})"
 
 
 def _duration(seconds: float) -> str:

@@ -51,6 +51,10 @@ def status(row: dict[str, Any], samples: Sequence[dict[str, Any]]) -> tuple[str,
     if last is not None and last["export_status"] == "failed":
         return "failing", (f"its last export, at {last['sampled_at']:%Y-%m-%d %H:%M:%S %Z}, failed: the export "
                            "task's log says why; its changes wait in PostgreSQL")
+    if lag is not None and promise is not None and float(lag) > float(promise) and row.get("base_lagging"):
+        return "lagging", (f"its initial load (or a new base after DDL) has been pending for {duration(lag)}, past "
+                           f"the promise of {duration(promise)}: the lake lacks the whole table (the export task's "
+                           "log says why)")
     if lag is not None and promise is not None and float(lag) > float(promise):
         return "lagging", (f"the oldest unexported change is {duration(lag)} old, past the promise of "
                            f"{duration(promise)}")

@@ -10,6 +10,18 @@ from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 DEFAULT_CONN_ID = "coldharbor_pg"
 
 
+# Since when a table's lake has lagged PostgreSQL (`l.since`), from `d.oldest` (its oldest
+# unexported change): that change, or the request of a base still pending (an initial load, or a new
+# base after DDL: the lake lacks the whole table meanwhile, and a quiet table has no change to show
+# it), whichever is older (`p.pending_since`).
+LAGGING_SINCE = """
+                  CROSS JOIN LATERAL (SELECT CASE WHEN t.load_state = 'pending' THEN
+                                          coalesce((SELECT min(r.requested_at) FROM coldharbor.rebases r
+                                                     WHERE r.table_id = t.table_id AND r.settled_at IS NULL),
+                                                   t.registered_at) END AS pending_since) p
+                  CROSS JOIN LATERAL (SELECT least(d.oldest, p.pending_since) AS since) l"""
+
+
 class ColdharborHook(BaseHook):
     """psycopg 3 connections to the hot tier built from an Airflow connection (Postgres type)."""
 
@@ -120,18 +132,21 @@ class ColdharborHook(BaseHook):
         return [r[0] for r in rows]
 
     def broken_promises(self) -> list[dict[str, Any]]:
-        """Every registered table whose oldest unexported change is older than its freshness promise
-        (`register_table(..., p_freshness => ...)`): name, lag_s, promise_s, oldest (the change's
-        transaction start), most lagging first."""
+        """Every registered table whose lake is further behind than its freshness promise
+        (`register_table(..., p_freshness => ...)`): name, lag_s, promise_s, oldest (the oldest
+        unexported change's transaction start, or since when its base is pending: `LAGGING_SINCE`),
+        pending (whether that base is what the lake lacks), most lagging first."""
         with self.connect() as conn:
-            cur = conn.execute("""
-                SELECT t.schema_name || '.' || t.table_name AS name, extract(epoch FROM now() - d.oldest) AS lag_s,
-                       extract(epoch FROM t.freshness) AS promise_s, d.oldest
+            cur = conn.execute(f"""
+                SELECT t.schema_name || '.' || t.table_name AS name, extract(epoch FROM now() - l.since) AS lag_s,
+                       extract(epoch FROM t.freshness) AS promise_s, l.since AS oldest,
+                       l.since IS NOT DISTINCT FROM p.pending_since AS pending
                   FROM coldharbor.tables t
                   CROSS JOIN LATERAL (SELECT min(created_at) AS oldest FROM coldharbor.change_log
                                        WHERE table_id = t.table_id AND flushed_at IS NULL) d
-                 WHERE extract(epoch FROM now() - d.oldest) > extract(epoch FROM t.freshness)  -- as the page
-                 ORDER BY d.oldest, t.table_id""")
+                  {LAGGING_SINCE}
+                 WHERE extract(epoch FROM now() - l.since) > extract(epoch FROM t.freshness)  -- as the page
+                 ORDER BY l.since, t.table_id""")
             names = [d.name for d in cur.description]
             return [dict(zip(names, row)) for row in cur.fetchall()]
 
@@ -139,10 +154,11 @@ class ColdharborHook(BaseHook):
         """The figures of the health page, per table (with its health samples of the last 24 hours)
         and for recent report runs, from PostgreSQL."""
         with self.connect() as conn:
-            cur = conn.execute("""
+            cur = conn.execute(f"""
                 SELECT t.table_id, t.schema_name || '.' || t.table_name AS name, t.schema_name, t.table_name,
                        t.lake_location,
-                       d.dirty_rows, extract(epoch FROM now() - d.oldest_dirty) AS freshness_lag_s,
+                       d.dirty_rows, extract(epoch FROM now() - l.since) AS freshness_lag_s,
+                       coalesce(l.since = p.pending_since, false) AS base_lagging,
                        extract(epoch FROM t.freshness) AS freshness_promise_s,
                        e.batch_id AS last_batch, e.finished_at AS last_export_at, e.lake_version AS last_export_version,
                        e.row_count AS last_export_rows,
@@ -159,9 +175,10 @@ class ColdharborHook(BaseHook):
                   FROM coldharbor.tables t
                   CROSS JOIN LATERAL (SELECT to_regclass(quote_ident(t.schema_name) || '.'
                                                          || quote_ident(t.table_name))::oid AS rel) r
-                  LEFT JOIN LATERAL (SELECT count(*) AS dirty_rows, min(created_at) AS oldest_dirty
+                  LEFT JOIN LATERAL (SELECT count(*) AS dirty_rows, min(created_at) AS oldest
                                        FROM coldharbor.change_log
                                       WHERE table_id = t.table_id AND flushed_at IS NULL) d ON true
+                  {LAGGING_SINCE}
                   LEFT JOIN LATERAL (SELECT batch_id, finished_at, lake_version, row_count
                                        FROM coldharbor.export_batches
                                       WHERE table_id = t.table_id AND state = 'flushed'

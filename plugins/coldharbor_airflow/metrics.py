@@ -10,7 +10,7 @@ Every metric is a gauge read at scrape time from the hot tier's registry and eac
                                                            while PostgreSQL is down (the tables, so
                                                            their folders, are unknown)
     coldharbor_table_dirty_rows{schema,table}              changes not yet in the lake
-    coldharbor_table_oldest_dirty_change_age_seconds{...}  age of the oldest of them; 0 when none
+    coldharbor_table_oldest_dirty_change_age_seconds{...}  age of the oldest of them (or of a pending base); 0 when none
     coldharbor_table_freshness_promise_seconds{...}        the table's freshness promise (p_freshness):
                                                            lagging when the age above is past it
     coldharbor_table_last_export_rows{...}                 rows the last export of changes wrote (an
@@ -55,7 +55,8 @@ _TABLE = ["schema", "table"]
 _TABLE_GAUGES = [  # (name, help, the figure's key) of the gauges read from the registry
     ("coldharbor_table_dirty_rows", "Changes captured in PostgreSQL and not yet in the lake.", "dirty_rows"),
     ("coldharbor_table_oldest_dirty_change_age_seconds",
-     "Age of the oldest change not yet in the lake; 0 when there is none.", "freshness_lag_s"),
+     "Age of the oldest change not yet in the lake, or of a pending initial load or new base; 0 when there is "
+     "none.", "freshness_lag_s"),
     ("coldharbor_table_freshness_promise_seconds",
      "How far behind PostgreSQL the table's lake may fall (register_table's p_freshness).", "freshness_promise_s"),
     ("coldharbor_table_last_export_rows", "Rows the table's last export of changes wrote to the lake.",

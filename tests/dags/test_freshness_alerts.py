@@ -84,3 +84,31 @@ def test_an_export_held_past_the_promise_fails_check_freshness_and_turns_the_pag
     assert table_name not in str(ColdharborHook().broken_promises())
     [row] = [t for t in ColdharborHook().health()["tables"] if t["table_name"] == table_name]
     assert '<span class="state ok">ok</span>' in render({"tables": [row], "report_runs": []})
+
+
+def test_an_initial_load_that_keeps_failing_breaks_the_promise_though_nothing_changes(
+        airflow_home, spark, pg_dsn, pg_conn, table_name, lake_root):
+    """Found by the cold attack of issue 25: a quiet table whose initial load failed at every export
+    (a value the lake cannot hold) had no unexported change, so no lag, no alert and an "ok" page,
+    while the lake lacked the whole table. The pending base now counts from its request."""
+    from coldharbor_airflow.alerts import describe
+    from coldharbor_airflow.health_charts import status
+    from coldharbor_airflow.hooks import ColdharborHook
+
+    pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, d date)")
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, '2026-01-01'), (2, 'infinity')")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_freshness => '1 second')", (table_name,))
+    from coldharbor.errors import UnrepresentableValueError
+
+    with pytest.raises(UnrepresentableValueError, match="infinity"):  # the load is refused, at every export
+        export(spark, pg_dsn, table_name, lake_root)
+    time.sleep(1.5)
+    [broken] = [b for b in ColdharborHook().broken_promises() if b["name"] == f"public.{table_name}"]
+    assert broken["pending"] and broken["lag_s"] > 1
+    assert "its initial load (or a new base after DDL) has been pending since" in describe(broken)
+    [row] = [t for t in ColdharborHook().health()["tables"] if t["table_name"] == table_name]
+    assert status(row, [])[0] == "lagging" and "the lake lacks the whole table" in status(row, [])[1]
+
+    pg_conn.execute(f"UPDATE {table_name} SET d = '2026-01-02' WHERE id = 2")
+    export(spark, pg_dsn, table_name, lake_root)
+    assert f"public.{table_name}" not in [b["name"] for b in ColdharborHook().broken_promises()]

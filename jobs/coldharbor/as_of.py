@@ -68,7 +68,8 @@ def refuse_table_as_of(as_of: datetime, hot: HotTable) -> None:
         raise ReportError(f"as-of {as_of.isoformat()} cannot be answered for {name}: a compaction kept its versions "
                           f"from {hot.history_from.isoformat()} on only (the history window was shorter then than "
                           "it is now), so the lake may lack the versions before; the oldest time a report can be "
-                          "asked for is that one")
+                          "asked for is that one (or, when a key's changes exported together span it, the end of "
+                          "that span, which a report there names)")
     if hot.unexported_since is not None and hot.unexported_since <= as_of:
         raise ReportError(f"as-of {as_of.isoformat()} is not in the lake yet: {name} has changes from "
                           f"{hot.unexported_since.isoformat()} that are not exported; retry after the next export")
@@ -138,18 +139,19 @@ def rebase_refusal(as_of: datetime, table: RegisteredTable, window: RebaseWindow
 
 
 def lake_as_of(rows: DataFrame, columns: Sequence[LakeColumn], as_of: datetime, table: str,
-               exact: bool = False) -> DataFrame:
+               exact: bool = False, floor: datetime | None = None) -> DataFrame:
     """The table as of `as_of` from its lake rows, or ReportError when the lake cannot know it
     (`refuse_inexact`; `exact`: the table keeps exact history)."""
-    refuse_inexact(rows, as_of, table, exact)
+    refuse_inexact(rows, as_of, table, exact, floor)
     return rows.transform(cold_live(columns, as_of))
 
 
 # Why a table with exact history (sql/021) still has a span of changes in one lake row.
 NO_IMAGE = ("have changes around that instant with no row image the lake could hold (logged before the table "
             "kept exact history or before a rebase, brought in by ATTACH PARTITION, holding a value the lake "
-            "cannot hold or a JSON null, or written again in their transaction by a trigger or function in an "
-            "order the log cannot prove)")
+            "cannot hold or a JSON null, or whose logged order could not be proven: a row written again inside "
+            "its statement by a trigger or function, a column dropped or added between two changes of the key, "
+            "or a partition written directly whose columns are in another order than the table's)")
 
 
 def _refused_around(rows: DataFrame, as_of: datetime) -> tuple[str, str]:
@@ -170,24 +172,29 @@ def _refused_around(rows: DataFrame, as_of: datetime) -> tuple[str, str]:
     return found["start"], found["end"]
 
 
-def refuse_inexact(rows: DataFrame, as_of: datetime, table: str, exact: bool = False) -> None:
+def refuse_inexact(rows: DataFrame, as_of: datetime, table: str, exact: bool = False,
+                   floor: datetime | None = None) -> None:
     """ReportError when lake rows `rows` hold no exact state of `table` at `as_of`.
 
     An export writes one image per key for all of the key's changes since the previous export; a
     key changed more than once in that time has no lake version for the instants between its first
     and its last change. Serving the older version there would be a stale answer: refused instead,
-    naming the nearest instants that are exact (`_refused_around`).
+    naming the nearest instants that are exact (`_refused_around`); not an earlier one when it lies
+    before `floor`, the oldest instant the table can be answered for otherwise (a load, what
+    compaction kept), which would refuse it in turn.
     """
     if FIRST_CHANGED_AT in rows.columns:
         spans = rows.filter((column(FIRST_CHANGED_AT) <= F.lit(as_of)) & (column(CHANGED_AT) > F.lit(as_of)))
         keys = spans.count()
         if keys:
             start, end = _refused_around(rows, as_of)
+            nearest = (f"the nearest exact instants are before {start} or from {end} on"
+                       if floor is None or datetime.fromisoformat(start) > floor
+                       else f"the nearest exact instant is from {end} on")
             why = (NO_IMAGE if exact else "changed more than once between two exports around that instant, and the "
                    "lake holds one version per key per export")
             raise ReportError(
-                f"as-of {as_of.isoformat()} cannot be answered exactly for {table}: {keys} key(s) {why}; "
-                f"the nearest exact instants are before {start} or from {end} on")
+                f"as-of {as_of.isoformat()} cannot be answered exactly for {table}: {keys} key(s) {why}; {nearest}")
     else:
         log.warning("%s: lake rows written before %s existed; as-of answers inside a span of changes exported "
                     "together cannot be told apart", table, FIRST_CHANGED_AT)

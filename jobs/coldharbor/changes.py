@@ -263,7 +263,7 @@ def read_feed(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget
         refuse_rebase_inside(table, hot.rebase_windows, start, end)
         for flag, instant in ((from_flag, start), (to_flag, end)):
             try:
-                refuse_inexact(rows, instant, table.qualified_name, table.history == "exact")
+                refuse_inexact(rows, instant, table.qualified_name, table.history == "exact", hot.answerable_from)
             except ReportError as exc:
                 raise ReportError(f"{flag}: {exc}") from None
         from coldharbor.spark import local_checkpoint, temporary_conf

@@ -49,6 +49,13 @@ class HotTable:
     history_from: datetime | None = None  # a compaction's cutoff (sql/025): older versions may be gone
 
     @property
+    def answerable_from(self) -> datetime | None:
+        """The oldest instant an as-of read of the table can be answered for, as far as the registry
+        knows (its load, what compaction kept); a span of changes may still hold it."""
+        known = [t for t in (self.known_from, self.history_from) if t is not None]
+        return max(known) if known else None
+
+    @property
     def reads_evicted_rows(self) -> bool:
         """Pending, yet read with the lake: rows evicted from PostgreSQL live there alone. Every row
         PostgreSQL holds is an image (its key dirty), so lake@V gives only the keys PostgreSQL lacks

@@ -107,7 +107,7 @@ def table_view(spark: SparkSession, hot: HotTable, version: int | None, lake_roo
         if version is None:
             return hot_frame(spark, hot).limit(0).transform(table_contract(columns))
         return lake_as_of(lake.read_version(spark, hot.table.lake_path(lake_root), version), columns, as_of,
-                          hot.table.qualified_name, hot.table.history == "exact")
+                          hot.table.qualified_name, hot.table.history == "exact", floor=hot.answerable_from)
     images = hot_frame(spark, hot)
     if version is None:  # nothing exported yet: the table is its hot images
         return images.filter(~column(DELETED)).transform(table_contract(columns))

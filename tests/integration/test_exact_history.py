@@ -343,7 +343,7 @@ def test_a_row_written_again_inside_its_statement_is_refused_between_not_answere
     run_id = f"{table_name}-between"
     assert as_of(monkeypatch, pg_dsn, lake_root, table_name, between, run_id) == 2, (
         "answered", rows_as_text(pg_conn, f"reports.adhoc_{table_name}"), "PostgreSQL held", written)
-    assert "written again in their transaction by a trigger or function" in report_run(pg_conn, run_id)["error"]
+    assert "a row written again inside its statement by a trigger or function" in report_run(pg_conn, run_id)["error"]
     for i, (at, rows) in enumerate((before, after)):
         assert as_of(monkeypatch, pg_dsn, lake_root, table_name, at, f"{table_name}-{i}") == 0
         assert rows_as_text(pg_conn, f"reports.adhoc_{table_name}") == rows
@@ -409,3 +409,37 @@ def test_an_instant_before_what_compaction_kept_is_refused_after_the_window_is_r
     now = (instant(pg_conn), rows_as_text(pg_conn, table_name))
     assert as_of(monkeypatch, pg_dsn, lake_root, table_name, now[0], f"{table_name}-now") == 0
     assert rows_as_text(pg_conn, f"reports.adhoc_{table_name}") == now[1]
+
+
+def test_the_instant_a_compaction_refusal_names_leads_to_an_answer_not_back(spark, pg_dsn, pg_conn, table_name,
+                                                                           lake_root, monkeypatch):
+    """Found by the cold attack (session 29): compaction's cutoff fell inside a key's span; asking for
+    the cutoff was refused for the span, whose message offered "before" the span's start, before the
+    cutoff, refused in turn. The span's message now offers only its end there, which is answered."""
+    from datetime import datetime, timedelta
+
+    from coldharbor import registry
+    from coldharbor.compaction import CompactionConfig, compact_table
+
+    pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, v text)")
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    export(spark, pg_dsn, table_name, lake_root)
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'b'")
+    first = pg_conn.execute("SELECT clock_timestamp()").fetchone()[0]
+    time.sleep(3)
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'c'")                   # one export: a span of 3 s
+    export(spark, pg_dsn, table_name, lake_root)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:               # the cutoff falls inside the span
+        [table] = registry.load(conn, table_name)
+        window = datetime.now(first.tzinfo) - first - timedelta(seconds=1)
+        compact_table(spark, conn, table, CompactionConfig(None, lake_root, f"c-{table_name}", min_small_files=2,
+                                                           history_window=window))
+    kept = pg_conn.execute("SELECT kept_from FROM coldharbor.history_kept h JOIN coldharbor.tables t USING "
+                           "(table_id) WHERE t.table_name = %s", (table_name,)).fetchone()[0]
+    assert as_of(monkeypatch, pg_dsn, lake_root, table_name, kept, f"{table_name}-kept") == 2
+    error = report_run(pg_conn, f"{table_name}-kept")["error"]
+    assert "the nearest exact instant is from " in error and " before " not in error.split("; ")[-1], error
+    named = datetime.fromisoformat(error.split("the nearest exact instant is from ")[1].removesuffix(" on"))
+    assert as_of(monkeypatch, pg_dsn, lake_root, table_name, named, f"{table_name}-named") == 0
+    assert rows_as_text(pg_conn, f"reports.adhoc_{table_name}") == {1: "(1,c)"}

@@ -63,6 +63,8 @@ def _lake_files(row: dict[str, Any]) -> tuple[Any, float | None]:
     if path is None:
         return why_none, None
     files = file_figures(path)
+    if isinstance(files, str) and row.get("last_batch") is None:  # no export ever flushed: no folder yet
+        return "none yet: nothing was exported", None
     return files if isinstance(files, tuple) else (files, None)
 
 

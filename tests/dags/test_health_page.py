@@ -139,16 +139,24 @@ def test_no_path_or_method_under_the_mount_answers_anonymously(airflow_web, meth
         assert response.status_code in (401, 403, 404, 405)
 
 
-def test_the_page_shows_no_error_text_or_path(airflow_home, pg_conn, table_name, monkeypatch, caplog, capsys,
-                                              tmp_path):
+def test_the_page_shows_no_error_text_or_path(airflow_home, spark, pg_dsn, pg_conn, table_name, monkeypatch, caplog,
+                                              capsys, tmp_path):
     """An unreachable hot tier, an unreadable lake and a failed report run: the page says so in a
-    plain sentence; the server's log has the details (the PostgreSQL error, the paths)."""
+    plain sentence; the server's log has the details (the PostgreSQL error, the paths). A table
+    never exported has no lake folder yet, and says that instead."""
+    import shutil
+
     from coldharbor_airflow import health_page
 
     missing_lake = tmp_path / "no-such-lake"
     monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", str(missing_lake))
-    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY)")
-    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    for name in (table_name, f"{table_name}_new"):
+        pg_conn.execute(f"CREATE TABLE {name} (id bigint PRIMARY KEY)")
+        pg_conn.execute(f"INSERT INTO {name} VALUES (1)")
+        pg_conn.execute("SELECT coldharbor.register_table(%s)", (name,))
+    export(spark, pg_dsn, table_name, str(missing_lake))
+    shutil.rmtree(missing_lake)                                   # the lake removed under the page
+    assert "none yet: nothing was exported" in table_cells(health_page.build_page(), f"{table_name}_new")[12]
     secret_error = f"could not open file {tmp_path}/x: ERROR: relation \"secret_table\" does not exist"
     pg_conn.execute("""INSERT INTO coldharbor.report_runs (run_id, report, target, mode, state, degraded, error)
                        VALUES (gen_random_uuid()::text, 'r', 'adhoc_x', 'strict', 'failed', false, %s)""",

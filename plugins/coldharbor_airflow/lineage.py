@@ -52,8 +52,12 @@ def postgres_dataset(dsn: str, schema: str, table: str, fields: Sequence[tuple[s
     from psycopg.conninfo import conninfo_to_dict
 
     params = conninfo_to_dict(dsn)
-    host = params.get("host") or params.get("hostaddr") or "localhost"
-    namespace = f"postgres://{host}:{params.get('port') or 5432}"
+    # libpq's lists of hosts and ports (failover): the first one names the server. A socket folder
+    # is the local server; an IPv6 address is bracketed, as in a URL.
+    host = (str(params.get("host") or params.get("hostaddr") or "localhost")).split(",")[0] or "localhost"
+    port = str(params.get("port") or 5432).split(",")[0] or "5432"
+    host = "localhost" if host.startswith(("/", "@")) else (f"[{host}]" if ":" in host else host)
+    namespace = f"postgres://{host}:{port}"
     return Dataset(namespace=namespace, name=f"{params.get('dbname') or params.get('user')}.{schema}.{table}",
                    facets=_schema(fields))
 

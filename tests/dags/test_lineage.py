@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from tests.dags.test_connect_jobs import CONNECT_CONN
@@ -124,3 +125,20 @@ def test_a_report_dag_run_emits_its_lineage_to_the_configured_transport(
         ("file", f"{lake_root}/public/{table_name}")]
     assert [(d["namespace"], d["name"]) for d in complete["outputs"]] == [("file", f"{lake_root}/reports/{name}")]
     assert [f["name"] for f in complete["inputs"][0]["facets"]["schema"]["fields"]] == ["id", HOSTILE, "at"]
+
+
+
+@pytest.mark.parametrize(("dsn", "namespace"), [
+    ("host=db1,db2 port=5433,5434 dbname=app user=u", "postgres://db1:5433"),      # failover: the first server
+    ("host=::1 port=5432 dbname=app", "postgres://[::1]:5432"),                      # IPv6, bracketed as in a URL
+    ("postgresql://u@[2001:db8::7]:6000/app", "postgres://[2001:db8::7]:6000"),
+    ("host=/var/run/postgresql dbname=app", "postgres://localhost:5432"),            # a socket folder: this machine
+    ("hostaddr=10.0.0.5 dbname=app", "postgres://10.0.0.5:5432"),
+])
+def test_a_postgres_namespace_names_one_server_as_a_url_does(airflow_home, dsn, namespace):
+    """Found by the cold attack of issue 25: a failover list, an IPv6 address or a socket folder made
+    namespaces like postgres://db1,db2:5433,5434 or postgres://::1:5432 that no lineage server joins."""
+    from coldharbor_airflow.lineage import postgres_dataset
+
+    dataset = postgres_dataset(dsn, "public", "t")
+    assert (dataset.namespace, dataset.name) == (namespace, "app.public.t")

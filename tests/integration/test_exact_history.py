@@ -443,3 +443,30 @@ def test_the_instant_a_compaction_refusal_names_leads_to_an_answer_not_back(spar
     named = datetime.fromisoformat(error.split("the nearest exact instant is from ")[1].removesuffix(" on"))
     assert as_of(monkeypatch, pg_dsn, lake_root, table_name, named, f"{table_name}-named") == 0
     assert rows_as_text(pg_conn, f"reports.adhoc_{table_name}") == {1: "(1,c)"}
+
+
+def test_a_row_moved_between_partitions_and_written_again_chains(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                                 monkeypatch):
+    """Ordinary writes chain (sql/024): a row moved to another partition through the table, updated
+    again, moved back and deleted, all between two exports, is answered at every instant between."""
+    pg_conn.execute(f"CREATE TABLE {table_name} (k text, id int, v text NOT NULL, PRIMARY KEY (k, id)) "
+                    "PARTITION BY LIST (k)")
+    for part in ("a", "b"):
+        pg_conn.execute(f"CREATE TABLE {table_name}_{part} PARTITION OF {table_name} FOR VALUES IN ('{part}')")
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES ('a', 1, 'x'), ('a', 2, 'y')")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_history => 'exact')", (table_name,))
+    export(spark, pg_dsn, table_name, lake_root)
+
+    def state() -> set[str]:
+        return {r[0] for r in pg_conn.execute(f"SELECT t::text FROM {table_name} t").fetchall()}
+
+    history = []
+    for statement in (f"UPDATE {table_name} SET k = 'b' WHERE id = 1", f"UPDATE {table_name} SET v = 'x2' WHERE id = 1",
+                      f"UPDATE {table_name} SET k = 'a', v = 'x3' WHERE id = 1", f"DELETE FROM {table_name} WHERE id = 2"):
+        pg_conn.execute(statement)
+        history.append((instant(pg_conn), state()))
+    export(spark, pg_dsn, table_name, lake_root)
+    for i, (at, expected) in enumerate(history):
+        run_id = f"{table_name}-{i}"
+        assert as_of(monkeypatch, pg_dsn, lake_root, table_name, at, run_id) == 0, report_run(pg_conn, run_id)
+        assert {r[0] for r in pg_conn.execute(f"SELECT t::text FROM reports.adhoc_{table_name} t")} == expected, i

@@ -427,8 +427,8 @@ def test_the_instant_a_compaction_refusal_names_leads_to_an_answer_not_back(spar
     export(spark, pg_dsn, table_name, lake_root)
     pg_conn.execute(f"UPDATE {table_name} SET v = 'b'")
     first = pg_conn.execute("SELECT clock_timestamp()").fetchone()[0]
-    time.sleep(3)
-    pg_conn.execute(f"UPDATE {table_name} SET v = 'c'")                   # one export: a span of 3 s
+    time.sleep(8)  # the cutoff lands 1 s after `first` plus however long compaction takes to reach it
+    pg_conn.execute(f"UPDATE {table_name} SET v = 'c'")                   # one export: a span of 8 s
     export(spark, pg_dsn, table_name, lake_root)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:               # the cutoff falls inside the span
         [table] = registry.load(conn, table_name)
@@ -437,6 +437,7 @@ def test_the_instant_a_compaction_refusal_names_leads_to_an_answer_not_back(spar
                                                            history_window=window))
     kept = pg_conn.execute("SELECT kept_from FROM coldharbor.history_kept h JOIN coldharbor.tables t USING "
                            "(table_id) WHERE t.table_name = %s", (table_name,)).fetchone()[0]
+    assert first < kept, "the premise: the cutoff falls inside the span"
     assert as_of(monkeypatch, pg_dsn, lake_root, table_name, kept, f"{table_name}-kept") == 2
     error = report_run(pg_conn, f"{table_name}-kept")["error"]
     assert "the nearest exact instant is from " in error and " before " not in error.split("; ")[-1], error

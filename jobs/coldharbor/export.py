@@ -372,6 +372,29 @@ def committed_or_fenced(spark: SparkSession, conn: psycopg.Connection, table: Re
     return found
 
 
+def remove_landed(conn: psycopg.Connection, tables: list[RegisteredTable]) -> dict[str, str]:
+    """After the exports: from each lake-first table (sql/027), every row the lake now holds leaves
+    PostgreSQL (coldharbor.remove_landed; no change is logged). Its own transaction per table, after
+    the table's batch was marked flushed; a removal refused (a foreign key now references the table,
+    say) is that table's failure, returned as {table: why}, and the rows stay until a run can remove
+    them."""
+    failed = {}
+    for table in tables:
+        if table.mode != "lake_first":
+            continue
+        try:
+            with conn.transaction():
+                removed = conn.execute("SELECT coldharbor.remove_landed(%s)", (table.table_id,)).fetchone()[0]
+        except psycopg.Error as exc:
+            why = registry.one_line(exc.diag.message_primary or str(exc).strip())
+            log.warning("%s: its exported rows stay in PostgreSQL: %s", table.qualified_name, why)
+            failed[table.qualified_name] = f"exported, but its rows in the lake could not leave PostgreSQL: {why}"
+            continue
+        if removed:
+            log.info("%s: %s rows that are in the lake left PostgreSQL (lake-first)", table.qualified_name, removed)
+    return failed
+
+
 def _log_batch(table: RegisteredTable, batch: batches.Batch, version: int, marked: int) -> None:
     age_s = None
     if batch.oldest_change_at is not None:
@@ -406,6 +429,8 @@ def main(argv: list[str]) -> int:
                     results.append(_refused(table, exc))
             if not todo and not results:
                 log.info("nothing dirty in %s registered table(s); no Spark session started", len(tables))
+                raise_if_tables_failed([TableResult(name, "failed", error=why)
+                                        for name, why in remove_landed(conn, usable).items()], "exported")
                 return 0
             if len(todo) == 1 and not results:
                 registry.require_privileges(conn, todo[0])  # refuse before Spark starts
@@ -419,6 +444,9 @@ def main(argv: list[str]) -> int:
                     record_samples(conn, tables, results + [TableResult(t.qualified_name, "failed", error=str(exc))
                                                             for t in todo])
                     raise
+            stuck = remove_landed(conn, usable)
+            results = [dataclasses.replace(r, status="failed", error=stuck.pop(r.table)) if r.table in stuck else r
+                       for r in results] + [TableResult(name, "failed", error=why) for name, why in stuck.items()]
             for result in results:
                 log.info("result: %s", result)
             record_samples(conn, tables, results)

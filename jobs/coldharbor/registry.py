@@ -49,6 +49,7 @@ class RegisteredTable:
     present: bool = True                     # False: registered, but the relation is gone from PostgreSQL
     replaced: bool = False                   # the name now resolves to another relation than the one registered
     history: str = "latest"                  # latest (a key's newest image per export) | exact (every change's, sql/021)
+    mode: str = "mirror"                     # mirror (PostgreSQL holds every row) | lake_first (its landing zone, sql/027)
 
     @property
     def qualified_name(self) -> str:
@@ -125,7 +126,7 @@ _SELECT = """SELECT table_id, schema_name, table_name, key_columns, lake_locatio
                     source_kind = 'table' AND rel IS NOT NULL
                         AND (dropped_at IS NOT NULL OR (relid IS NOT NULL AND relid <> rel))
                         AND (SELECT relkind IN ('r', 'p') FROM pg_class WHERE oid = rel) AS replaced,
-                    history
+                    history, mode
              FROM coldharbor.tables,
                   LATERAL (SELECT to_regclass(quote_ident(schema_name) || '.' || quote_ident(table_name))::oid) r(rel)"""
 _PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
@@ -212,7 +213,7 @@ def load(conn: psycopg.Connection, name: str | None = None) -> list[RegisteredTa
                                         "inside doubled) or app.Weird Tbl")
             raise UnknownTableError(f"table {one_line(name)} is not registered with coldharbor "
                                     "(register it with SELECT coldharbor.register_table(...))")
-    tables = [RegisteredTable(r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple(r[6]), r[7], r[8], r[9], r[10], r[11])
+    tables = [RegisteredTable(r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple(r[6]), r[7], r[8], r[9], r[10], r[11], r[12])
               for r in rows]
     if name is not None and len(tables) > 1:
         raise ConfigError(f"table name {one_line(name)} names {len(tables)} registered tables: "

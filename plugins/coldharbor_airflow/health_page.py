@@ -83,6 +83,16 @@ def _load_cell(row: dict[str, Any]) -> str:
     return f'{_cell(row["base_rows"])} rows as of {_cell(row["loaded_at"])}'
 
 
+def _landing_cell(row: dict[str, Any]) -> str:
+    """A lake-first table's landing backlog: the rows PostgreSQL still holds (not in the lake yet, or
+    in it and removed by the next export); other tables hold every row in PostgreSQL."""
+    if row.get("mode") != "lake_first":
+        return "mirror: every row"
+    if row.get("landing_rows") is None:
+        return '<span class="bad">lake-first: its rows cannot be counted</span>'
+    return f'lake-first: {charts.count(row["landing_rows"])} rows landing'
+
+
 def _verify_cell(row: dict[str, Any]) -> str:
     """The last verify's verdict; its message (key samples, paths) stays in the task log."""
     if row.get("last_verify_at") is None:
@@ -113,7 +123,7 @@ def _table_cells(t: dict[str, Any], samples: list[dict[str, Any]], now: datetime
         _cell(count), _cell(average / 1024 if average is not None else None),
         f'{_cell(t["last_compaction_at"])} ({_cell(t["last_compaction_state"])})',
         f'{_cell(t["last_cleanup_at"])} ({_cell(t["last_cleanup_state"])})',
-        _load_cell(t), _verify_cell(t)]
+        _landing_cell(t), _load_cell(t), _verify_cell(t)]
 
 
 def render(figures: dict[str, Any]) -> str:
@@ -133,7 +143,7 @@ highest in each chart's tooltip; the dashed line is the freshness promise).</p>
 <th>freshness lag / promise</th><th>lag, 24 h</th>
 <th>last export batch</th><th>last export at</th><th>Delta version</th><th>last export of changes</th>
 <th>rows per export, 24 h</th><th>export time, 24 h</th><th>files</th><th>avg file (KiB)</th>
-<th>last compaction</th><th>last cleanup</th><th>initial load</th><th>last verify</th></tr>{''.join(rows)}</table>
+<th>last compaction</th><th>last cleanup</th><th>in PostgreSQL</th><th>initial load</th><th>last verify</th></tr>{''.join(rows)}</table>
 <h2>Recent report runs</h2><table id="report-runs"><tr><th>report</th><th>target</th><th>mode</th><th>state</th>
 <th>degraded</th><th>as of</th><th>rows</th><th>started</th><th>finished</th><th>error</th></tr>{''.join(runs)}
 </table></body></html>"""

@@ -168,6 +168,7 @@ class ColdharborHook(BaseHook):
                        c.detail AS last_compaction_detail,
                        k.finished_at AS last_cleanup_at, k.state AS last_cleanup_state,
                        t.load_state, t.loaded_at, t.base_rows, t.base_at, t.rebase_reason,
+                       t.mode, coldharbor.landing_rows(t.table_id) AS landing_rows,
                        t.source_kind = 'table' AND r.rel IS NOT NULL
                            AND (t.dropped_at IS NOT NULL OR t.relid <> r.rel) AS replaced,
                        v.finished_at AS last_verify_at, v.state AS last_verify_state,

@@ -17,6 +17,8 @@ Every metric is a gauge read at scrape time from the hot tier's registry and eac
                                                            initial load's or a resync's base is not one)
     coldharbor_table_last_export_duration_seconds{...}     how long that export took
     coldharbor_table_last_export_timestamp_seconds{...}    when it finished (Unix time)
+    coldharbor_table_landing_rows{...}                     a lake-first table's rows still in PostgreSQL
+                                                           (absent for other tables)
     coldharbor_table_lake_readable{...}                    1 when its Delta log could be read, else 0
                                                            (absent before its first export)
     coldharbor_table_lake_version{...}                     the Delta table's current version
@@ -65,6 +67,9 @@ _TABLE_GAUGES = [  # (name, help, the figure's key) of the gauges read from the 
      "last_change_export_duration_s"),
     ("coldharbor_table_last_export_timestamp_seconds",
      "When the table's last export of changes finished (Unix time).", "last_change_export_at"),
+    ("coldharbor_table_landing_rows",
+     "Rows a lake-first table still holds in PostgreSQL: not in the lake yet, or removed by the next export.",
+     "landing_rows"),
 ]
 _REPORT_GAUGES = [
     ("coldharbor_report_runs_24h", "Runs of the report started in the last 24 hours.", "runs_24h"),

@@ -445,3 +445,26 @@ def test_a_lagging_and_a_failing_table_are_red_with_their_rule_charts_and_links(
     assert links and all(link == f"{base}/dags/coldharbor_cdc/runs" for link in links), links
     for name in (lagging, failing):  # behind their promises: no later check_freshness of the run should see them
         pg_conn.execute(f"DROP TABLE {name}")
+
+
+def test_a_lake_first_tables_landing_backlog_is_on_the_page_and_in_the_metrics(
+        airflow_home, spark, pg_dsn, pg_conn, table_name, tmp_path, monkeypatch):
+    lake_root = str(tmp_path / "lake")
+    from coldharbor import export
+    from coldharbor_airflow import health_page, metrics
+
+    monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", lake_root)
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    first, mirror = f"{table_name}_l", f"{table_name}_m"
+    for name, mode in ((first, "lake_first"), (mirror, "mirror")):
+        pg_conn.execute(f"CREATE TABLE {name} (id bigint PRIMARY KEY, v text)")
+        pg_conn.execute("SELECT coldharbor.register_table(%s, p_mode => %s)", (name, mode))
+        pg_conn.execute(f"INSERT INTO {name} SELECT g, 'v' FROM generate_series(1, 1234) g")
+    assert table_cells(health_page.build_page(), first)[-3] == "lake-first: 1,234 rows landing"
+    assert table_cells(health_page.build_page(), mirror)[-3] == "mirror: every row"
+    assert export.main(["--lake-root", lake_root, "--table", first]) == 0
+    pg_conn.execute(f"INSERT INTO {first} VALUES (5000, 'late')")
+    assert table_cells(health_page.build_page(), first)[-3] == "lake-first: 1 rows landing"
+    text = metrics.build().decode()
+    assert f'coldharbor_table_landing_rows{{schema="public",table="{first}"}} 1.0' in text
+    assert f'table="{mirror}"}}' in text and f'landing_rows{{schema="public",table="{mirror}"}}' not in text

@@ -10,7 +10,7 @@ import pytest
 from coldharbor import pg, roles
 
 APP_ENTRY_POINTS = {"register_table", "register_table_as_owner", "check_may_register", "grant_capture_privileges",
-                    "set_freshness_as_owner",
+                    "set_freshness_as_owner", "set_mode_as_owner",
                     "set_history_as_owner", "put_entity", "delete_entity"}
 
 

@@ -6,6 +6,7 @@
     -- schedule: @hourly                 (cron or preset; none = run on demand only)
     -- start: 2026-11-22                 (catch up every interval from this date; absent: forward only)
     -- param: min_amount decimal(12,2) = 0
+    -- refresh: full                      (full | incremental: apply only what changed, coldharbor.incremental)
     SELECT status, count(*) AS orders FROM demo_orders WHERE amount >= :min_amount GROUP BY status
 
 Parameters are typed and bound by Spark (`:name` markers), never formatted into the SQL text.
@@ -34,6 +35,7 @@ ADHOC_PREFIX = "adhoc_"
 _HEADER = re.compile(r"^--\s*([a-z_]+)\s*:\s*(.*?)\s*$")
 _PARAM = re.compile(r"^([a-z][a-z0-9_]*)\s+([a-z_]+(?:\(\s*\d+\s*,\s*\d+\s*\))?)(?:\s*=\s*(.*))?$")
 _DECIMAL = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+REFRESH_MODES = ("full", "incremental")
 PARAM_TYPES = ("string", "int", "bigint", "double", "decimal", "boolean", "date", "timestamp")
 
 
@@ -112,6 +114,7 @@ class ReportSpec:
     params: tuple[ParamSpec, ...] = field(default_factory=tuple)
     source: str | None = None        # file it came from; None for ad-hoc SQL
     start: date | None = None        # first interval a schedule catches up from (None: forward only)
+    refresh: str = "full"            # full | incremental (REFRESH_MODES)
 
     def bind(self, raw: Mapping[str, str]) -> dict[str, object]:
         """Typed values for every declared parameter; unknown or missing ones are refused."""
@@ -169,11 +172,11 @@ def parse_report(text: str, default_name: str, source: str | None = None) -> Rep
             key, value = match[1], match[2]
             if key == "param":
                 params.append(parse_param(value))
-            elif key in ("report", "target", "sink", "schedule", "description", "start"):
+            elif key in ("report", "target", "sink", "schedule", "description", "start", "refresh"):
                 header[key] = value
             else:
                 raise ReportError(f"{source or default_name}: unknown header '{key}' "
-                                  "(known: report, target, sink, schedule, start, param, description)")
+                                  "(known: report, target, sink, schedule, start, refresh, param, description)")
         elif line.strip() or body:
             body.append(line)
     name = check_name("report name", header.get("report", default_name))
@@ -183,13 +186,16 @@ def parse_report(text: str, default_name: str, source: str | None = None) -> Rep
     if len({p.name for p in params}) != len(params):
         raise ReportError(f"report {name}: a parameter is declared twice")
     schedule = header.get("schedule") or None
+    refresh = header.get("refresh", "full")
+    if refresh not in REFRESH_MODES:
+        raise ReportError(f"report {name}: refresh {refresh!r} is not one of {', '.join(REFRESH_MODES)}")
     try:
         start = date.fromisoformat(header["start"]) if header.get("start") else None
     except ValueError:
         raise ReportError(f"report {name}: start {header['start']!r} is not a date (YYYY-MM-DD)") from None
     return ReportSpec(start=start, name=name, sql="\n".join(body).strip(), target=target_name(header.get("target", name)),
                       sink=sink, schedule=None if schedule == "none" else schedule, params=tuple(params),
-                      source=source)
+                      source=source, refresh=refresh)
 
 
 @dataclass(frozen=True)

@@ -132,17 +132,26 @@ NAME_ARGS: dict[type[exp.Expression], frozenset[str]] = {
     exp.Dot: frozenset({"expression"}),
 }
 
-# Spark function names (lower case) a report may call.
-ALLOWED_FUNCTIONS = frozenset({
-    # aggregate
+# Spark function names (lower case) a report may call (ALLOWED_FUNCTIONS, below), in four kinds.
+AGGREGATE_FUNCTIONS = frozenset({
     "count", "sum", "avg", "mean", "min", "max", "count_if", "try_sum", "try_avg",
     "stddev", "stddev_samp", "stddev_pop", "std", "variance", "var_samp", "var_pop",
     "corr", "covar_pop", "covar_samp", "skewness", "kurtosis", "percentile", "median",
     "approx_count_distinct", "bool_and", "bool_or", "every", "some", "max_by", "min_by",
     "bit_and", "bit_or", "bit_xor", "grouping", "grouping_id",
-    # window (deterministic given the window's ORDER BY)
+})
+# Window functions: deterministic given the window's ORDER BY.
+WINDOW_FUNCTIONS = frozenset({
     "row_number", "rank", "dense_rank", "percent_rank", "cume_dist", "ntile", "lag", "lead",
     "first_value", "last_value", "nth_value",
+})
+# Generators: rows out of a column of the data (LATERAL VIEW or the select list).
+GENERATOR_FUNCTIONS = frozenset({
+    "explode", "explode_outer", "posexplode", "posexplode_outer", "inline", "inline_outer",
+})
+# Row functions: one value out of one row's values (an incremental report's WHERE and GROUP BY
+# take only these, coldharbor.incremental).
+ROW_FUNCTIONS = frozenset({
     # conditional, null handling, casts (sqlglot writes some conversions as CAST)
     "cast", "coalesce", "nvl", "nvl2", "ifnull", "nullif", "if", "nanvl", "isnull", "isnotnull", "isnan",
     "equal_null", "zeroifnull", "nullifzero", "greatest", "least",
@@ -182,13 +191,12 @@ ALLOWED_FUNCTIONS = frozenset({
     "map_from_entries", "map_concat", "map_contains_key", "str_to_map", "struct", "named_struct",
     "transform", "filter", "exists", "forall", "aggregate", "reduce", "zip_with", "map_filter",
     "transform_keys", "transform_values", "map_zip_with",
-    # generators: rows out of a column of the data (LATERAL VIEW or the select list)
-    "explode", "explode_outer", "posexplode", "posexplode_outer", "inline", "inline_outer",
     # JSON text held in a column
     "get_json_object", "json_tuple", "from_json", "to_json", "schema_of_json", "json_array_length",
     "json_object_keys",
     "typeof",
 })
+ALLOWED_FUNCTIONS = AGGREGATE_FUNCTIONS | WINDOW_FUNCTIONS | GENERATOR_FUNCTIONS | ROW_FUNCTIONS
 
 # Names Spark calls as functions when written as a bare column (`SELECT user FROM t` is the user
 # running Spark, `current_date` the clock): Spark's LiteralFunctionResolution, which also matches

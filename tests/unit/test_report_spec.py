@@ -63,6 +63,7 @@ def test_parameter_types():
     ("-- param: n integer\nSELECT 1", "type 'integer' is not one of"),
     ("-- param: n int = abc\nSELECT 1", "parameter n: 'abc' is not a valid int"),
     ("-- colour: red\nSELECT 1", "unknown header 'colour'"),
+    ("-- refresh: incrementally\nSELECT 1", "refresh 'incrementally' is not one of full, incremental"),
     ("-- report: Bad-Name\nSELECT 1", "report name 'Bad-Name' is not allowed"),
 ])
 def test_malformed_headers_are_refused(text, message):
@@ -110,7 +111,7 @@ def test_one_malformed_report_file_breaks_only_its_own_report(tmp_path: Path):
     files = read_report_files(tmp_path)
     assert set(files.reports) == {"good"} and set(load_reports(tmp_path)) == {"good"}
     assert files.errors == {str(tmp_path / "bad_header.sql"): "unknown header 'colour' (known: report, target, sink, "
-                                                               "schedule, start, param, description)",
+                                                               "schedule, start, refresh, param, description)",
                             str(tmp_path / "latin1.sql"): "is not UTF-8 text"}
     assert missing_report("latin1", tmp_path, files.reports) == f"report file {tmp_path / 'latin1.sql'} cannot be " \
                                                                  "served: is not UTF-8 text"

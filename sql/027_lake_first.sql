@@ -218,9 +218,12 @@ $$;
 -- change still to export, once the table's initial load (or a rebase's new base) is in the lake.
 -- A row is either there from before registration (then in the load) or was inserted since (then
 -- its insert is logged in the same transaction: dirty until a batch holding it is in the lake).
+-- As eviction does (cleanup.eviction_cutoff), it keeps what a report still running may need: a
+-- report pins a lake version and then reads PostgreSQL, so a row whose batch (or base) landed
+-- after such a report started stays, or the report would read its key as flushed after its
+-- version and find no row. A row another transaction holds locked is skipped, not waited for.
 -- The delete suspends capture (no change is logged) and is recorded as an eviction. Returns the
--- rows removed. Run by the export after each batch; idempotent, so a run that failed is made good
--- by the next.
+-- rows removed. Run by the export after each batch; idempotent, so what a run left the next takes.
 CREATE FUNCTION coldharbor.remove_landed(p_table_id integer)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -229,6 +232,9 @@ DECLARE
     v_rel     regclass;
     v_refusal text;
     v_count   bigint;
+    v_cutoff  timestamptz;
+    v_version bigint;   -- the newest lake version that landed before v_cutoff
+    v_recent  text;     -- keys whose batch landed since v_cutoff: they stay
 BEGIN
     SELECT * INTO STRICT t FROM coldharbor.tables WHERE table_id = p_table_id;
     v_rel := to_regclass(format('%I.%I', t.schema_name, t.table_name));
@@ -244,12 +250,27 @@ BEGIN
                   HINT = 'Drop it, or register the table again with p_mode => ''mirror'' (its rows then stay in PostgreSQL).';
     END IF;
     PERFORM coldharbor.lock_for_owner_delete(v_rel);
+    v_cutoff := (SELECT min(started_at) FROM coldharbor.report_runs WHERE state = 'running');
+    v_recent := 'false';
+    IF v_cutoff IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM coldharbor.export_batches WHERE table_id = t.table_id AND state = 'flushed'
+                      AND kind <> 'changes' AND finished_at >= v_cutoff) THEN
+            RETURN 0;   -- the base landed while a report ran: every row may be one it reads
+        END IF;
+        v_version := coalesce((SELECT max(lake_version) FROM coldharbor.export_batches
+                                WHERE table_id = t.table_id AND state = 'flushed' AND finished_at < v_cutoff), -1);
+        v_recent := format('EXISTS (SELECT 1 FROM coldharbor.change_log r WHERE r.table_id = %s AND r.lake_version > %s '
+                           'AND r.key = %s)', t.table_id, v_version, coldharbor.key_sql(p_table_id, 't'));
+    END IF;
     INSERT INTO coldharbor.capture_suspended (xact, table_id) VALUES (pg_current_xact_id(), t.table_id);
     EXECUTE format($q$
-        DELETE FROM %s t
-         WHERE NOT EXISTS (SELECT 1 FROM coldharbor.change_log c
-                            WHERE c.table_id = %s AND c.flushed_at IS NULL AND c.key = %s)$q$,
-        v_rel, t.table_id, coldharbor.key_sql(p_table_id, 't'));
+        DELETE FROM %s d WHERE (d.tableoid, d.ctid) IN (
+            SELECT t.tableoid, t.ctid FROM %s t
+             WHERE NOT EXISTS (SELECT 1 FROM coldharbor.change_log c
+                                WHERE c.table_id = %s AND c.flushed_at IS NULL AND c.key = %s)
+               AND NOT %s
+               FOR UPDATE OF t SKIP LOCKED)$q$,
+        v_rel, v_rel, t.table_id, coldharbor.key_sql(p_table_id, 't'), v_recent);
     GET DIAGNOSTICS v_count = ROW_COUNT;
     DELETE FROM coldharbor.capture_suspended WHERE xact = pg_current_xact_id() AND table_id = t.table_id;
     IF v_count > 0 THEN
@@ -259,6 +280,38 @@ BEGIN
     RETURN v_count;
 END;
 $$;
+
+-- DETACH PARTITION ... CONCURRENTLY commits its first step (the partition leaves reads) before any
+-- trigger can see it; a partition of a lake-first table would take its landing rows out of both
+-- tiers. So while any table is lake-first, it is refused before it starts (ddl_command_start, which
+-- has no parsed target: every such DETACH is refused; one without CONCURRENTLY is checked as ever).
+CREATE FUNCTION coldharbor.guard_concurrent_detach()
+RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_TAG = 'ALTER TABLE' AND current_query() ~* '\mDETACH\M.*\mCONCURRENTLY\M'
+       AND EXISTS (SELECT 1 FROM coldharbor.tables WHERE mode = 'lake_first') THEN
+        RAISE EXCEPTION 'DETACH PARTITION ... CONCURRENTLY is refused while a table is lake-first (coldharbor): its '
+                        'first step commits before the partition''s table can be checked'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Detach without CONCURRENTLY: a partition of a lake-first table is then refused, any other '
+                      || 'detached as asked.';
+    END IF;
+END;
+$$;
+
+DO $trigger$
+BEGIN
+    IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        CREATE EVENT TRIGGER coldharbor_guard_concurrent_detach ON ddl_command_start
+            WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION coldharbor.guard_concurrent_detach();
+    ELSE
+        RAISE WARNING 'not a superuser: event trigger coldharbor_guard_concurrent_detach was not created; run the '
+                      'migration as a superuser for DETACH ... CONCURRENTLY of a lake-first table''s partition to be '
+                      'refused';
+    END IF;
+END
+$trigger$;
 
 -- The rows lake-first table p_table_id holds in PostgreSQL, its landing backlog (rows whose insert is
 -- not in the lake yet, and rows the next export removes), or NULL for another table or one it cannot

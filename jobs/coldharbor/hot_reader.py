@@ -347,6 +347,11 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
 EXPORT_REFUSED = ("the table's changes were not exported (nothing was written or marked flushed; the other tables "
                   "still export) and wait until the value is changed: the next export carries them")
 
+# A lake-first table refuses the UPDATE or DELETE that would change the value (sql/027).
+LAKE_FIRST_WAY_OUT = ("; it is lake-first, which refuses updates and deletes: register it with "
+                      "coldharbor.register_table({table}, p_mode => 'mirror'), change or delete the row, and register "
+                      "it again with p_mode => 'lake_first'")
+
 
 def refuse_unheld(images: DataFrame, table: RegisteredTable) -> DataFrame:
     """The images without `lake_values.PROBLEM`; UnrepresentableValueError, naming the first, when
@@ -355,7 +360,9 @@ def refuse_unheld(images: DataFrame, table: RegisteredTable) -> DataFrame:
     problem = column(lake_values.PROBLEM)
     found = images.filter(problem.isNotNull() & ~column(DELETED)).select(problem).first()
     if found is not None:
-        raise lake_values.refusal(table.qualified_name, found[0], EXPORT_REFUSED)
+        raise lake_values.refusal(table.qualified_name, found[0], EXPORT_REFUSED + (
+            LAKE_FIRST_WAY_OUT.format(table=table.register_again.removeprefix("SELECT coldharbor.register_table(")
+                                      .removesuffix(")")) if table.mode == "lake_first" else ""))
     return images.filter(problem.isNull()).drop(lake_values.PROBLEM)
 
 

@@ -200,6 +200,14 @@ def schema_change(spark: SparkSession, path: str, wanted: StructType, table: str
         if not lake_store.is_delta_table(path):
             return SchemaChange((), ())
         current = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
+    by_fold = {n.lower(): n for n in current}
+    clash = next((f.name for f in wanted.fields if f.name not in current and f.name.lower() in by_fold), None)
+    if clash is not None:
+        # Spark matches names ignoring case: the new column's values would land in the old one.
+        raise ConfigError(f"cannot export {table}: its column {clash} differs only in case from the lake table's "
+                          f"column {by_fold[clash.lower()]} (a dropped column's, or one renamed since), which the lake "
+                          f"would write its values into; rename it in PostgreSQL to a name the lake table has not "
+                          f"used; nothing was exported")
     changed = [(f.name, current[f.name], f.dataType) for f in wanted.fields
                if f.name in current and current[f.name] != f.dataType]
     unsafe = [c for c in changed if (c[1].simpleString(), c[2].simpleString()) not in SAFE_WIDENINGS]

@@ -223,3 +223,83 @@ def test_a_foreign_key_added_later_stops_the_removal_and_the_export_says_so(
     pg_conn.execute(f"DROP TABLE {table_name}_child")
     assert export_job(monkeypatch, pg_dsn, lake_root, table_name) == 0
     assert held(pg_conn, table_name) == 0
+
+
+def test_rows_a_running_report_may_read_stay_until_it_ends(spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
+    """A report pins a lake version, then reads PostgreSQL: a row whose batch landed after a running
+    report started stays (the report would read its key as flushed after its version and find no row;
+    the cold attack's lost rows), and leaves once no report that old runs."""
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_mode => 'lake_first')", (table_name,))
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'early')")
+    assert export_job(monkeypatch, pg_dsn, lake_root, table_name) == 0
+    run = f"{table_name}-running"
+    pg_conn.execute("INSERT INTO coldharbor.report_runs (run_id, report, mode) VALUES (%s, 'r', 'strict')", (run,))
+    try:
+        pg_conn.execute(f"INSERT INTO {table_name} VALUES (2, 'landed while it ran')")
+        assert export_job(monkeypatch, pg_dsn, lake_root, table_name) == 0
+        assert pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"]) == {(2,): {"id": 2, "v": "landed while it ran"}}
+    finally:
+        pg_conn.execute("UPDATE coldharbor.report_runs SET state = 'succeeded', finished_at = now() WHERE run_id = %s",
+                        (run,))
+    assert export_job(monkeypatch, pg_dsn, lake_root, table_name) == 0
+    assert held(pg_conn, table_name) == 0
+
+
+def test_a_row_locked_by_another_transaction_is_skipped_not_waited_for(
+        spark, pg_dsn, admin_dsn, pg_conn, table_name, lake_root, monkeypatch):
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_mode => 'lake_first')", (table_name,))
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'locked'), (2, 'free')")
+    with psycopg.connect(admin_dsn) as locker:
+        locker.execute(f"SELECT * FROM {table_name} WHERE id = 1 FOR UPDATE")
+        assert export_job(monkeypatch, pg_dsn, lake_root, table_name) == 0
+        assert pg_rows(pg_conn, f"SELECT id FROM {table_name}", ["id"]) == {(1,): {"id": 1}}
+    assert export_job(monkeypatch, pg_dsn, lake_root, table_name) == 0
+    assert held(pg_conn, table_name) == 0
+
+
+def test_a_concurrent_detach_is_refused_before_it_starts(pg_conn, table_name):
+    pg_conn.execute(PARTITIONED.format(t=table_name))
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_mode => 'lake_first')", (table_name,))
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 1, 'a'), (2, 1, 'b')")
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="CONCURRENTLY is refused while a table is lake-first"):
+        pg_conn.execute(f"ALTER TABLE {table_name} DETACH PARTITION {table_name}_2 CONCURRENTLY")
+    assert not pg_conn.execute("SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = %s::regclass",
+                               (f"{table_name}_2",)).fetchone()[0]
+    assert held(pg_conn, table_name) == 2
+    pg_conn.execute(f"CREATE TABLE {table_name}_3 PARTITION OF {table_name} FOR VALUES IN (3)")   # not stuck
+
+
+def test_a_value_the_lake_cannot_hold_says_how_to_get_it_out(spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch,
+                                                             caplog):
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, at date)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_mode => 'lake_first')", (table_name,))
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'infinity'), (2, '2026-11-29')")
+    assert export_job(monkeypatch, pg_dsn, lake_root, table_name) == 2
+    assert (f"it is lake-first, which refuses updates and deletes: register it with coldharbor.register_table("
+            f"'public.{table_name}', p_mode => 'mirror'), change or delete the row, and register it again with "
+            "p_mode => 'lake_first'") in caplog.text
+    assert held(pg_conn, table_name) == 2
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_mode => 'mirror')", (f"public.{table_name}",))
+    pg_conn.execute(f"DELETE FROM {table_name} WHERE id = 1")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_mode => 'lake_first')", (f"public.{table_name}",))
+    assert export_job(monkeypatch, pg_dsn, lake_root, table_name) == 0
+    assert held(pg_conn, table_name) == 0
+    assert set(lake_live(spark, lake_root, table_name, ["id"])) == {(2,)}
+
+
+def test_a_column_differing_only_in_case_from_a_lake_column_is_refused(spark, pg_dsn, pg_conn, table_name, lake_root,
+                                                                       monkeypatch, caplog):
+    """Spark matches names ignoring case: a column V added after v was dropped would land in the
+    lake's v (a mirror table and a lake-first one alike; the cold attack's hidden value)."""
+    pg_conn.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
+    pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'one')")
+    assert export_job(monkeypatch, pg_dsn, lake_root, table_name) == 0
+    pg_conn.execute(f'ALTER TABLE {table_name} DROP COLUMN v; ALTER TABLE {table_name} ADD COLUMN "V" text')
+    pg_conn.execute(f"INSERT INTO {table_name} VALUES (2, 'two')")
+    assert export_job(monkeypatch, pg_dsn, lake_root, table_name) == 2
+    assert (f"cannot export public.{table_name}: its column V differs only in case from the lake table's column v"
+            in caplog.text)
+    assert set(lake_live(spark, lake_root, table_name, ["id"])) == {(1,)}

@@ -188,7 +188,7 @@ def logged_image_value(column: LakeColumn, image: str) -> sql.Composable:
                                            sql.SQL(column.pg_type))
 
 
-def _image_readable(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sql.Composable:
+def _image_readable(table: RegisteredTable, columns: Sequence[LakeColumn], image: str = "c.image") -> sql.Composable:
     """True for a logged image in the table's shape now: one was logged, after the table's last
     rebase request (before it, the image holds the old shape or old values). None is while the table
     has a column registration refuses for exact history (sql/021), added since: a json column (an
@@ -196,7 +196,7 @@ def _image_readable(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sq
     if any(c.pg_type == "json" for c in columns):
         return sql.SQL("false")
     return sql.SQL(" AND ").join([
-        sql.SQL("c.image IS NOT NULL"),
+        sql.SQL("{} IS NOT NULL").format(sql.SQL(image)),
         sql.SQL("c.created_at > (SELECT coalesce(max(r.requested_at), '-infinity') FROM coldharbor.rebases r "
                 "WHERE r.table_id = {})").format(sql.Literal(table.table_id)),
         sql.SQL("NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = (SELECT relid FROM "
@@ -204,21 +204,22 @@ def _image_readable(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sq
                 "AND a.attgenerated = 'v')").format(sql.Literal(table.table_id))])
 
 
-def _image_usable(table: RegisteredTable, columns: Sequence[LakeColumn]) -> sql.Composable:
+def _image_usable(table: RegisteredTable, columns: Sequence[LakeColumn], image: str = "c.image") -> sql.Composable:
     """True for a logged image an export can write as the row after its change: a readable one
     (`_image_readable`) with no json null in a jsonb column (it cannot tell SQL NULL from JSON null)
     and every value one the lake holds (a value of the past cannot be changed to one it does; the
     change's span then stays one image, as without exact history)."""
     if any(c.pg_type == "json" for c in columns):
         return sql.SQL("false")
-    image = sql.SQL("c.image")
-    tests = [_image_readable(table, columns)]
+    logged = image
+    image = sql.SQL(logged)
+    tests = [_image_readable(table, columns, logged)]
     for c in columns:
         if c.is_key:
             continue
         if c.pg_type in ("json", "jsonb"):
             tests.append(sql.SQL("coalesce(json_typeof({} -> {}) <> 'null', true)").format(image, sql.Literal(c.name)))
-        check = lake_values.held(c, logged_image_value(c, "c.image"), through_jdbc=True)
+        check = lake_values.held(c, logged_image_value(c, logged), through_jdbc=True)
         if check is not None:
             tests.append(sql.SQL("coalesce({}, true)").format(check))
     return sql.SQL(" AND ").join(tests)
@@ -396,3 +397,7 @@ def has_dirty(conn: psycopg.Connection, table_id: int) -> bool:
     """Cheap probe of the partial dirty index."""
     return conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.change_log "
                         "WHERE table_id = %s AND flushed_at IS NULL)", (table_id,)).fetchone()[0]
+
+
+# For incremental reports (coldharbor.incremental), which read the same logged rows.
+image_readable, image_usable, image_hash, chained = _image_readable, _image_usable, _image_hash, _chained

@@ -168,6 +168,10 @@ def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, confi
     registry.require_present(checked.read_tables)
     for table in checked.read_tables:
         registry.require_privileges(conn, table)
+    if incremental_wanted(config, checked):
+        rows = serve_incrementally(spark, conn, jdbc, config, record, checked)
+        if rows is not None:
+            return rows
     hot_only = False
     try:
         pinned = pin_versions(spark, checked.tables, config.lake_root)
@@ -201,6 +205,43 @@ def serve(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, confi
     register_feeds(spark, conn, jdbc, checked.feeds, config)
     result = run_query(spark, checked, config.params)
     return write_result(result, config, conn, jdbc, record)
+
+
+def incremental_wanted(config: ServeConfig, checked: sql_guard.CheckedQuery) -> bool:
+    """A report file declaring `-- refresh: incremental`, run for now into its own target (an
+    as-of run, a backfill's, or one into an adhoc_* table is a full refresh, as ever)."""
+    report = config.report
+    return (report.refresh == "incremental" and report.source is not None and config.as_of is None
+            and config.target == report.target)
+
+
+def serve_incrementally(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, config: ServeConfig,
+                        record: RunRecord, checked: sql_guard.CheckedQuery) -> int | None:
+    """The report refreshed from what changed (coldharbor.incremental); None when it cannot be this
+    time (the reason logged and in the run's record), and the caller refreshes it in full."""
+    from coldharbor import incremental
+    from coldharbor.incremental_shape import NotIncremental
+
+    try:
+        if len(checked.tables) != 1 or checked.feeds:
+            raise NotIncremental("it reads more than one table or a change feed")
+        [table] = checked.tables
+        outcome = incremental.refresh(spark, conn, config.report.sql, config.params, table, config.lake_root,
+                                      config.target, lambda result: write_result(result, config, conn, jdbc, record))
+    except NotIncremental as exc:
+        log.warning("report %s is refreshed in full: %s", config.report.name, exc)
+        record.detail = f"refreshed in full: {exc}"
+        return None
+    except LakeUnavailableError as exc:
+        log.warning("report %s is refreshed in full: its state could not be read or written: %s",
+                    config.report.name, exc)
+        record.detail = "refreshed in full: the lake could not be reached for its incremental state"
+        return None
+    log.info("report %s %s", config.report.name, outcome.detail)
+    record.detail = outcome.detail
+    record.lake_versions = {table.qualified_name: outcome.version}
+    record.dirty_rows = {table.qualified_name: outcome.hot_rows}
+    return outcome.rows
 
 
 def feed_point(point: FeedPoint, which: str, config: ServeConfig) -> int | datetime | None:

@@ -23,6 +23,7 @@ was killed, a VACUUM) to end: the next run then meets a settled lake, and a seed
 
 from __future__ import annotations
 
+import os
 import random
 import uuid
 from collections.abc import Callable
@@ -66,6 +67,9 @@ WRITE_STEPS = ("insert", "update", "delete", "delete_reinsert", "pk_change", "bu
 # entry that shows it ended (None: any new commit). Points not listed leave nothing running.
 ORPHANS = {**{point: None for point in TASK_POINTS}, "during_vacuum": "VACUUM END"}
 ORPHAN_TIMEOUT_S = 300
+# The incremental report a sequence with `incremental` compares with its full recompute.
+INCREMENTAL_REPORT = ("SELECT id % 4 AS g, count(*) AS n, count(v) AS vs, sum(id) AS ids, avg(id) AS mean, "
+                      "min(v) AS low, max(id) AS high FROM {table} WHERE id % 5 <> 2 GROUP BY id % 4")
 # Relative weights of the steps drawn at random.
 WEIGHTS = {"insert": 6, "update": 6, "delete": 4, "delete_reinsert": 2, "pk_change": 2, "bulk_update": 2,
            "bulk_delete": 1, "bulk_insert": 2, "hold_open": 2, "export": 6, "export_with_writer": 3,
@@ -108,12 +112,17 @@ class Run:
     held: Held | None = None
     counter: int = 0
     reports: int = 0
+    incremental_refreshes: list[str] = field(default_factory=list)
     crashes: list[str] = field(default_factory=list)
     export_instants: list = field(default_factory=list)
 
     prefilled: bool | None = None  # None: the seed decides
     exact: bool | None = None      # p_history => 'exact' (sql/021); None: the seed decides
     connect_url: str | None = None  # the jobs run as clients of this Spark Connect server
+    # A report refreshed incrementally (`-- refresh: incremental`) is compared with the same SQL
+    # recomputed in full after every step; its table keeps exact history and no hot retention
+    # (incremental refresh refuses a table with rows in the lake alone).
+    incremental: bool = False
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -134,10 +143,20 @@ class Run:
             self.committed_write("bulk_insert")
             self.committed_write("insert")
         if self.exact is None:  # even seeds; no random draw: the seeds' steps stay as they were
-            self.exact = self.seed % 2 == 0
+            self.exact = self.seed % 2 == 0 or self.incremental
         # A hot retention of a millisecond: cleanup evicts every flushed, unchanged row.
-        self.conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => interval '1 millisecond', "
-                          "p_history => %s)", (self.table, "exact" if self.exact else "latest"))
+        self.conn.execute("SELECT coldharbor.register_table(%s, p_hot_retention => %s::interval, p_history => %s)",
+                          (self.table, None if self.incremental else "1 millisecond",
+                           "exact" if self.exact else "latest"))
+        self.saved_reports_dir = os.environ.get("COLDHARBOR_REPORTS_DIR")
+        if self.incremental:
+            self.incremental_report = f"inc_{self.table.split('.')[1]}"
+            folder = Path(self.lake_root).parent / f"reports-{self.seed}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{self.incremental_report}.sql").write_text(
+                f"-- refresh: incremental\n{INCREMENTAL_REPORT.format(table=self.table)}\n")
+            os.environ["COLDHARBOR_REPORTS_DIR"] = str(folder)
+            self.trace.append("an incremental report is compared with its full recompute after every step")
         if self.prefilled:
             self.trace.append("registered with rows")
         if self.exact:
@@ -494,6 +513,29 @@ class Run:
         self.compare(self.served(), self.model.rows, "report")
         self.trace.append(f"report: {len(self.model.rows)} rows match")
 
+    def compare_incremental(self, index: int) -> None:
+        """The incremental report, refreshed now, against the same SQL recomputed in full."""
+        from coldharbor import serve_cli
+
+        run_id = f"cs-inc-{uuid.uuid4().hex[:12]}"
+        code = serve_cli.main(["--lake-root", self.lake_root, "--report", self.incremental_report, "--run-id", run_id])
+        state, detail, error = self.conn.execute("SELECT state, detail, error FROM coldharbor.report_runs "
+                                                 "WHERE run_id = %s", (run_id,)).fetchone()
+        if code != 0:
+            self.fail(f"the incremental report failed with exit {code}: {error}")
+        full_target = f"adhoc_full_{self.incremental_report}"[:48]
+        code = serve_cli.main(["--lake-root", self.lake_root, "--sql", INCREMENTAL_REPORT.format(table=self.table),
+                               "--target", full_target, "--run-id", f"cs-full-{uuid.uuid4().hex[:12]}"])
+        if code != 0:
+            self.fail(f"the full recompute of the incremental report failed with exit {code}")
+        incremental, full = (sorted(self.conn.execute(f"SELECT * FROM reports.{t}").fetchall(), key=repr)
+                             for t in (self.incremental_report, full_target))
+        if incremental != full:
+            self.fail(f"after step {index} the incremental report ({detail}) differs from its full recompute: "
+                      f"{incremental} != {full}")
+        self.incremental_refreshes.append(detail)
+        self.trace.append(f"incremental report: {detail}")
+
     def report_as_of(self, at=None) -> None:
         if at is None:
             at, _ = self.rng.choice(self.model.history)
@@ -604,6 +646,11 @@ class Run:
         self.report_as_of(self.rng.choice([at for at in self.export_instants if at >= since] or [since]))
 
     def close(self) -> None:
+        if self.incremental:
+            if self.saved_reports_dir is None:
+                os.environ.pop("COLDHARBOR_REPORTS_DIR", None)
+            else:
+                os.environ["COLDHARBOR_REPORTS_DIR"] = self.saved_reports_dir
         if self.held is not None:
             self.held.conn.rollback()
             self.held.conn.close()
@@ -617,10 +664,12 @@ class Outcome:
     reports: int
     crashes: list[str]
     trace: list[str]
+    incremental_refreshes: list[str] = field(default_factory=list)
 
 
 def run_sequence(seed: int, steps: int, crash_points: list[str], *, spark, dsn: str, admin_dsn: str,
-                 workdir: Path, prefilled: bool | None = None, connect_url: str | None = None) -> Outcome:
+                 workdir: Path, prefilled: bool | None = None, connect_url: str | None = None,
+                 incremental: bool = False) -> Outcome:
     """One seeded sequence of `steps` random steps with the given crash points spread over it: the jobs
     run as `dsn` (the pipeline's login), the application writes as `admin_dsn`. The table holds rows
     before its registration when `prefilled` (None: the seed decides; always when a crash point of
@@ -630,7 +679,7 @@ def run_sequence(seed: int, steps: int, crash_points: list[str], *, spark, dsn: 
     if len(load_points) > 1:
         raise ValueError(f"one initial load per sequence: at most one of {LOAD_POINTS}, got {load_points}")
     run = Run(seed, spark, dsn, admin_dsn, str(workdir / f"lake-{seed}"),
-              prefilled=True if load_points else prefilled, connect_url=connect_url)
+              prefilled=True if load_points else prefilled, connect_url=connect_url, incremental=incremental)
     rng = random.Random(seed * 7919)
     later = [p for p in crash_points if p not in LOAD_POINTS]
     slots = sorted(rng.sample(range(2, steps), len(later))) if later else []
@@ -641,10 +690,14 @@ def run_sequence(seed: int, steps: int, crash_points: list[str], *, spark, dsn: 
             run.crash(point)
         for index in range(steps):
             run.step(index, crash_at)
+            if incremental:
+                run.compare_incremental(index)
         run.finish()
+        if incremental:
+            run.compare_incremental(steps)
         missing = set(crash_points) - set(run.crashes)
         if missing:
             raise CrashPointNotReached(f"seed {seed}: crash points never exercised: {sorted(missing)}")
-        return Outcome(seed, steps, run.reports, run.crashes, run.trace)
+        return Outcome(seed, steps, run.reports, run.crashes, run.trace, run.incremental_refreshes)
     finally:
         run.close()

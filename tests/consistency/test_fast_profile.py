@@ -24,6 +24,8 @@ STEPS = 16
 # client costs no JVM start, but the whole profile runs inside `make test`).
 CONNECT_SEEDS = {seed + 3: points for seed, points in FAST_SEEDS.items()}
 CONNECT_STEPS = 10
+# The sequence of the incremental report (its crash points are FAST_SEEDS' too).
+INCREMENTAL_SEED = 7
 
 
 @pytest.mark.parametrize("seeds", [FAST_SEEDS, CONNECT_SEEDS], ids=["spark-submit", "connect"])
@@ -55,6 +57,19 @@ def test_random_sequence_over_connect_matches_the_model(seed, on_connect, connec
           f"crashes at {outcome.crashes}")
     assert outcome.reports >= 1
     assert sorted(outcome.crashes) == sorted(CONNECT_SEEDS[seed])
+
+
+def test_an_incremental_report_equals_its_full_recompute_after_every_step(spark, pg_dsn, admin_dsn, tmp_path,
+                                                                         monkeypatch):
+    """`-- refresh: incremental` over a random sequence with crashes in the export: after every step
+    the report refreshed from the change log equals the same SQL recomputed in full, and most
+    refreshes were incremental (the others say why not: a purge, a new base, a MIN lost)."""
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    outcome = run_sequence(INCREMENTAL_SEED, STEPS, ["after_commit", "during_mark"], spark=spark, dsn=pg_dsn,
+                           admin_dsn=admin_dsn, workdir=tmp_path, incremental=True)
+    print(f"seed {INCREMENTAL_SEED} incremental: " + "; ".join(outcome.incremental_refreshes))
+    assert len(outcome.incremental_refreshes) == STEPS + 1
+    assert sum(d.startswith("refreshed incrementally") for d in outcome.incremental_refreshes) >= STEPS // 2
 
 
 def test_a_purge_by_value_matches_the_model(spark, pg_dsn, admin_dsn, tmp_path, monkeypatch):

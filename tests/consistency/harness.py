@@ -519,7 +519,7 @@ class Run:
 
         run_id = f"cs-inc-{uuid.uuid4().hex[:12]}"
         code = serve_cli.main(["--lake-root", self.lake_root, "--report", self.incremental_report, "--run-id", run_id])
-        state, detail, error = self.conn.execute("SELECT state, detail, error FROM coldharbor.report_runs "
+        _, detail, error = self.conn.execute("SELECT state, detail, error FROM coldharbor.report_runs "
                                                  "WHERE run_id = %s", (run_id,)).fetchone()
         if code != 0:
             self.fail(f"the incremental report failed with exit {code}: {error}")

@@ -12,7 +12,9 @@ from bench import (
     entities,
     exact_history,
     health_page,
+    incremental,
     initial_load,
+    lake_first,
     maintenance,
     orchestration,
     read_path,
@@ -28,7 +30,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def main() -> int:
     rows = (write_path.run() + entities.run() + read_path.run() + maintenance.run() + orchestration.cycle()
             + initial_load.run() + report_refusal.run() + report_sink.run() + change_feed.run() + exact_history.run()
-            + health_page.run()
+            + health_page.run() + incremental.run() + lake_first.run()
             + engine.run(quick=False, cycles=500))
     table = render(rows)
     print(table)

@@ -283,19 +283,31 @@ $$;
 
 -- DETACH PARTITION ... CONCURRENTLY commits its first step (the partition leaves reads) before any
 -- trigger can see it; a partition of a lake-first table would take its landing rows out of both
--- tiers. So while any table is lake-first, it is refused before it starts (ddl_command_start, which
--- has no parsed target: every such DETACH is refused; one without CONCURRENTLY is checked as ever).
+-- tiers. So it is refused before it starts (ddl_command_start, which has no parsed target: the
+-- statement is refused when it names, as a whole word, a relation of a lake-first table's tree;
+-- a DETACH without CONCURRENTLY is checked as ever).
 CREATE FUNCTION coldharbor.guard_concurrent_detach()
 RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_query text := lower(current_query());
+    v_named text;
 BEGIN
-    IF TG_TAG = 'ALTER TABLE' AND current_query() ~* '\mDETACH\M.*\mCONCURRENTLY\M'
-       AND EXISTS (SELECT 1 FROM coldharbor.tables WHERE mode = 'lake_first') THEN
-        RAISE EXCEPTION 'DETACH PARTITION ... CONCURRENTLY is refused while a table is lake-first (coldharbor): its '
-                        'first step commits before the partition''s table can be checked'
+    IF TG_TAG <> 'ALTER TABLE' OR v_query !~ '\mdetach\M.*\mconcurrently\M' THEN
+        RETURN;
+    END IF;
+    SELECT format('%I.%I', t.schema_name, t.table_name) INTO v_named
+      FROM coldharbor.tables t CROSS JOIN LATERAL unnest(t.capture_relations) AS r(oid)
+      JOIN pg_class c ON c.oid = r.oid
+     WHERE t.mode = 'lake_first'
+       AND v_query ~ ('(^|[^a-z0-9_$])' || regexp_replace(lower(c.relname), '([.^$*+?()\[\]{}|\\-])', '\\\1', 'g')
+                      || '($|[^a-z0-9_$])')
+     LIMIT 1;
+    IF v_named IS NOT NULL THEN
+        RAISE EXCEPTION 'DETACH PARTITION ... CONCURRENTLY of lake-first table % is refused: its first step commits '
+                        'before its rows can be checked, and they live in the lake', v_named
             USING ERRCODE = 'feature_not_supported',
-                  HINT = 'Detach without CONCURRENTLY: a partition of a lake-first table is then refused, any other '
-                      || 'detached as asked.';
+                  HINT = 'A lake-first table''s partitions stay attached; register it with p_mode => ''mirror'' first.';
     END IF;
 END;
 $$;

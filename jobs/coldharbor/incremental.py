@@ -38,6 +38,7 @@ import hashlib
 import json
 import logging
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, localcontext
@@ -58,6 +59,7 @@ from coldharbor import (
     lake,
     lake_store,
     lake_values,
+    pg,
     registry,
     sql_guard,
 )
@@ -143,14 +145,23 @@ def keep_old_images(conn: psycopg.Connection, table: RegisteredTable) -> bool:
 # ----------------------------------------------------------------------------------------- state
 
 def read_state(spark: SparkSession, path: str) -> tuple[DataFrame, Frontier] | None:
+    """The state and its frontier, read once; None when there is none, or none that can be read
+    (a file of it gone: it is rebuilt, as if there were none)."""
     if not lake_store.is_delta_table(path):
         return None
-    entry = lake.history_of(spark, path, 1).first()
-    meta = json.loads(entry["userMetadata"] or "{}")
-    if meta.get("format") != STATE_FORMAT or meta.get("version") is None:
+    from coldharbor.spark import local_checkpoint
+
+    try:
+        entry = lake.history_of(spark, path, 1).first()
+        meta = json.loads(entry["userMetadata"] or "{}")
+        if meta.get("format") != STATE_FORMAT or meta.get("version") is None:
+            return None
+        state = local_checkpoint(spark.read.format("delta").load(path), eager=True)
+        return state, Frontier(int(meta["version"]), int(meta["batch_id"]), meta["fingerprint"], meta["built_at"])
+    except Exception as exc:  # noqa: BLE001 - a state that cannot be read is rebuilt
+        log.warning("the incremental state at %s cannot be read (%s); it is rebuilt", path,
+                    lake.jvm_message(exc) if hasattr(exc, "java_exception") else str(exc).splitlines()[0])
         return None
-    return (spark.read.format("delta").load(path),
-            Frontier(int(meta["version"]), int(meta["batch_id"]), meta["fingerprint"], meta["built_at"]))
 
 
 def write_state(state: DataFrame, path: str, frontier: Frontier | None) -> None:
@@ -166,8 +177,8 @@ def write_state(state: DataFrame, path: str, frontier: Frontier | None) -> None:
 
 @dataclass(frozen=True)
 class Window:
-    version: int                 # V1: the newest lake version of a flushed batch
-    batch_id: int
+    version: int                 # P: the lake version pinned before the snapshot (the cold part's)
+    batch_id: int                # the newest batch it holds
     changes: pa.Table            # signed rows (the columns, SIGN, COLD, HOT, VALID)
     cold_valid: str | None       # why the window (V, V1] cannot be applied to the state, or None
     now: str                     # PostgreSQL's now() (ISO 8601)
@@ -177,7 +188,7 @@ def _usable(table: RegisteredTable, columns: Sequence[LakeColumn], image: str) -
     return hot_reader.image_usable(table, columns, image)
 
 
-def changes_query(table: RegisteredTable, columns: Sequence[LakeColumn], since: int) -> sql.Composed:
+def changes_query(table: RegisteredTable, columns: Sequence[LakeColumn], since: int, pinned: int) -> sql.Composed:
     """Signed rows of every change after lake version `since` (flushed since, or dirty). A key's
     flushed changes come before its dirty ones (a key's writers queue on its row lock), so its
     trail is a COLD part, from its row at `since` to its row at V1 (the newest flushed batch), then
@@ -191,7 +202,7 @@ def changes_query(table: RegisteredTable, columns: Sequence[LakeColumn], since: 
 
     return sql.SQL("""
         WITH logged AS (
-            SELECT c.key AS k, c.id, c.op, c.flushed_at IS NOT NULL AS cold,
+            SELECT c.key AS k, c.id, c.op, c.flushed_at IS NOT NULL AND c.lake_version <= {pinned} AS cold,
                    CASE WHEN c.op <> 'D' AND {usable_new} THEN c.image END AS image,
                    CASE WHEN c.op <> 'I' AND {usable_old} THEN c.old_image END AS old_image,
                    CASE WHEN c.op <> 'D' AND {readable} THEN {image_hash} END AS new_hash, c.old_hash
@@ -224,7 +235,7 @@ def changes_query(table: RegisteredTable, columns: Sequence[LakeColumn], since: 
           FROM keys d WHERE NOT fine AND nth = 1""").format(
         usable_new=_usable(table, columns, "c.image"), usable_old=_usable(table, columns, "c.old_image"),
         readable=hot_reader.image_readable(table, columns), image_hash=hot_reader.image_hash(columns),
-        table_id=sql.Literal(table.table_id), since=sql.Literal(since), chained=hot_reader.chained(sql.SQL("k")),
+        table_id=sql.Literal(table.table_id), since=sql.Literal(since), pinned=sql.Literal(pinned), chained=hot_reader.chained(sql.SQL("k")),
         old_values=values("d.old_image"), new_values=values("d.image"),
         no_values=sql.SQL(", ").join([sql.SQL("NULL") for _ in columns] + [sql.SQL("NULL")]),
         sign=sql.Identifier(SIGN), cold=sql.Identifier(COLD), hot=sql.Identifier(HOT),
@@ -246,32 +257,40 @@ def _fetch(conn: psycopg.Connection, query: sql.Composed, columns: Sequence[Lake
 
 
 def read_window(conn: psycopg.Connection, table: RegisteredTable, columns: Sequence[LakeColumn],
-                frontier: Frontier | None) -> Window | str:
-    """The changes to apply, read in one snapshot; or why none can be (the run is a full refresh)."""
+                frontier: Frontier | None, pinned: int | None, committed: int | None,
+                why_none: str = "no state yet") -> Window | str:
+    """The changes to apply, read in one snapshot taken after the lake version `pinned` (P) and
+    its newest committed batch id `committed` were read, as a report pins its versions; or why
+    none can be (the run is a full refresh). The cold part is lake@P: every batch committed there
+    must be marked flushed in the snapshot (else an export is between its commit and its mark)."""
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         registry.guard_read(conn, table)
         load = base_load.load_state(conn, table.table_id)
         if load.pending:
             return f"{table.qualified_name} is waiting for its initial load or a new base"
-        newest = conn.execute("""SELECT batch_id, lake_version FROM coldharbor.export_batches
-                                  WHERE table_id = %s AND state = 'flushed' ORDER BY batch_id DESC LIMIT 1""",
-                              (table.table_id,)).fetchone()
-        if newest is None:
+        if pinned is None:
             return f"{table.qualified_name} has nothing in the lake yet"
-        batch_id, version = newest
+        flushed, batch_id = conn.execute(
+            """SELECT max(batch_id), max(batch_id) FILTER (WHERE lake_version <= %s)
+                 FROM coldharbor.export_batches WHERE table_id = %s AND state = 'flushed'""",
+            (pinned, table.table_id)).fetchone()
+        if batch_id is None:
+            return f"{table.qualified_name} has nothing in the lake yet"
+        if committed is not None and committed > flushed:
+            return "an export of the table is between its lake commit and its mark"
         now = conn.execute("SELECT now()").fetchone()[0].isoformat()
-        cold_valid = None if frontier is None else _window_problem(conn, table, frontier, batch_id, version)
-        since = frontier.version if frontier is not None and cold_valid is None else version
-        changes = _fetch(conn, changes_query(table, columns, since), columns)
-    return Window(version, batch_id, changes, "no state yet" if frontier is None else cold_valid, now)
+        cold_valid = why_none if frontier is None else _window_problem(conn, table, frontier, batch_id, pinned)
+        since = frontier.version if frontier is not None and cold_valid is None else pinned
+        changes = _fetch(conn, changes_query(table, columns, since, pinned), columns)
+    return Window(pinned, batch_id, changes, cold_valid, now)
 
 
 def _window_problem(conn: psycopg.Connection, table: RegisteredTable, frontier: Frontier, batch_id: int,
                     version: int) -> str | None:
     """Why the changes of lake versions (frontier, version] cannot move the state there, or None."""
     if version < frontier.version or batch_id < frontier.batch_id:
-        return "the lake's newest batch is older than the state's (PostgreSQL was restored?)"
+        return "the lake or its newest batch is older than the state's (restored from a backup?)"
     tid = table.table_id
     kinds = conn.execute("""SELECT count(*), count(*) FILTER (WHERE kind <> 'changes' AND state = 'flushed'),
                                    coalesce(sum(change_count) FILTER (WHERE kind = 'changes' AND state = 'flushed'), 0)
@@ -323,6 +342,10 @@ def state_query(parsed: sql_guard.ParsedQuery, shape: IncrementalShape,
         items.append(exp.alias_(_template(f"sum(CASE WHEN __x__ IS NOT NULL THEN {SIGN} ELSE 0 END)", x=x), f"_n{i}"))
         if agg.kind in ("sum", "avg"):
             items.append(exp.alias_(_template(f"sum(CASE WHEN {SIGN} > 0 THEN __x__ ELSE -(__x__) END)", x=x), f"_s{i}"))
+        if agg.kind == "avg":   # the largest running total Spark's double sum can reach (`_b`: 2^53 and up)
+            whole = "abs(CAST(__x__ AS DECIMAL(38, 0)))"
+            items.append(exp.alias_(_template(f"sum(CASE WHEN {SIGN} > 0 THEN {whole} ELSE -{whole} END)", x=x),
+                                    f"_b{i}"))
         elif agg.kind in ("min", "max"):
             items.append(exp.alias_(_template(f"{agg.kind}(CASE WHEN {SIGN} > 0 THEN __x__ END)", x=x), f"_a{i}"))
             items.append(exp.alias_(_template(f"{agg.kind}(CASE WHEN {SIGN} < 0 THEN __x__ END)", x=x), f"_d{i}"))
@@ -343,6 +366,7 @@ def base_state(shape: IncrementalShape, partial: DataFrame) -> DataFrame:
     return partial.select(*_group_columns(shape), column(ROWS), *[
         c for i, agg in enumerate(shape.aggregates) if agg.argument is not None for c in (
             [column(f"_n{i}")] + ([column(f"_s{i}")] if agg.kind in ("sum", "avg") else [])
+            + ([column(f"_b{i}")] if agg.kind == "avg" else [])
             + ([column(f"_a{i}").alias(f"_m{i}")] if agg.kind in ("min", "max") else []))])
 
 
@@ -351,47 +375,66 @@ def _group_columns(shape: IncrementalShape) -> list:
 
 
 def merge(shape: IncrementalShape, state: DataFrame, delta: DataFrame) -> tuple[DataFrame, bool]:
-    """state + delta per group (null-safe group match): (the new state, whether an extreme a change
-    removed left a MIN or MAX that the changes cannot give). Groups left with no row go."""
-    groups = [f"_g{i}" for i in range(len(shape.groups))]
-    d = delta.select(*[column(c).alias(f"_d{c}") for c in delta.columns])
-    condition = F.lit(True)
-    for g in groups:
-        condition = condition & column(g).eqNullSafe(column(f"_d{g}"))
-    joined = state.join(d, on=condition, how="full_outer")
-    types = {f.name: f.dataType for f in state.schema.fields}
-
-    def plus(name: str):
-        return (F.coalesce(column(name), F.lit(0)) + F.coalesce(column(f"_d{name}"), F.lit(0))).cast(types[name])
-
-    out = [F.coalesce(column(g), column(f"_d{g}")).alias(g) for g in groups]
-    out.append(plus(ROWS).alias(ROWS))
-    stale = F.lit(False)
+    """state + delta per group (groups equal as GROUP BY makes them, NULL with NULL): (the new
+    state, whether an extreme a change removed left a MIN or MAX the changes cannot give). One
+    GROUP BY over both: a SUM of a decimal(38, s) stays one, where adding two columns would lose
+    scale. Groups left with no row go."""
+    groups = _group_columns(shape)
+    sums, extremes = [ROWS], []
     for i, agg in enumerate(shape.aggregates):
         if agg.argument is None:
             continue
-        out.append(plus(f"_n{i}").alias(f"_n{i}"))
+        sums.append(f"_n{i}")
         if agg.kind in ("sum", "avg"):
-            out.append(plus(f"_s{i}").alias(f"_s{i}"))
-        elif agg.kind in ("min", "max"):
-            m, added, removed = column(f"_m{i}"), column(f"_d_a{i}"), column(f"_d_d{i}")
-            pick, beyond = (F.least, removed <= m) if agg.kind == "min" else (F.greatest, removed >= m)
-            out.append(pick(m, added).cast(types[f"_m{i}"]).alias(f"_m{i}"))
-            stale = stale | (m.isNotNull() & removed.isNotNull() & beyond)
-    merged = joined.select(*out, stale.alias("_ch_stale"))
+            sums.append(f"_s{i}")
+        if agg.kind == "avg":
+            sums.append(f"_b{i}")
+        if agg.kind in ("min", "max"):
+            extremes.append((i, F.min if agg.kind == "min" else F.max))
+    parts = [state.withColumn("_ch_side", F.lit(0)),
+             delta.select(*groups, *map(column, sums), *[column(f"_{p}{i}") for i, _ in extremes for p in ("a", "d")])
+             .withColumn("_ch_side", F.lit(1))]
+    both = parts[0].unionByName(parts[1], allowMissingColumns=True)
+    totals = [F.sum(column(c)).alias(c) for c in sums]
+    for i, pick in extremes:
+        totals += [pick(column(f"_m{i}")).alias(f"_m{i}"), pick(column(f"_a{i}")).alias(f"_a{i}"),
+                   pick(column(f"_d{i}")).alias(f"_d{i}")]
+    summed = both.groupBy(*groups).agg(*totals)
+    stale = F.lit(False)
+    out = [*groups, *map(column, sums)]
+    for i, agg in enumerate(shape.aggregates):
+        if agg.kind not in ("min", "max"):
+            continue
+        m, added, removed = column(f"_m{i}"), column(f"_a{i}"), column(f"_d{i}")
+        pick, beyond = (F.least, removed <= m) if agg.kind == "min" else (F.greatest, removed >= m)
+        out.append(pick(m, added).alias(f"_m{i}"))
+        stale = stale | (m.isNotNull() & removed.isNotNull() & beyond)
     from coldharbor.spark import local_checkpoint
 
-    merged = local_checkpoint(merged, eager=True)
+    merged = local_checkpoint(summed.select(*out, stale.alias("_ch_stale")), eager=True)
     counts = merged.agg(F.sum(column("_ch_stale").cast("int")).alias("stale"),
                         F.sum((column(ROWS) < 0).cast("int")).alias("negative")).first()
     broken = bool(counts["stale"]) or bool(counts["negative"])
     return merged.filter(column(ROWS) > 0).drop("_ch_stale"), broken
 
 
-def project(shape: IncrementalShape, state: DataFrame, schema: T.StructType) -> DataFrame:
-    """The report from a state: each output column as the full query names and types it."""
+# A report with an AVG of a decimal is finished on the driver (Python's decimals divide exactly),
+# up to this many groups; above it the run is a full refresh.
+DRIVER_GROUPS = 200_000
+EXACT_DOUBLE_SUM = 2**53   # Spark adds an AVG of integers in doubles: exact while running totals stay below
+
+
+def project(spark: SparkSession, shape: IncrementalShape, state: DataFrame, schema: T.StructType) -> DataFrame:
+    """The report from a state: each output column as the full query names and types it. An AVG
+    of a decimal is Spark's quotient rounded half up at the result's scale
+    (DecimalDivideWithOverflowCheck), computed exactly on the driver; of anything else the double
+    quotient of the sum and the count."""
+    outputs = list(zip(shape.outputs, schema.fields))
+    if any(o.aggregate is not None and shape.aggregates[o.aggregate].kind == "avg"
+           and isinstance(f.dataType, T.DecimalType) for o, f in outputs):
+        return _project_on_driver(spark, shape, state, schema)
     columns = []
-    for output, field in zip(shape.outputs, schema.fields):
+    for output, field in outputs:
         if output.group is not None:
             value = column(f"_g{output.group}")
         else:
@@ -404,28 +447,63 @@ def project(shape: IncrementalShape, state: DataFrame, schema: T.StructType) -> 
             elif agg.kind == "sum":
                 value = F.when(column(f"_n{i}") > 0, column(f"_s{i}"))
             elif agg.kind == "avg":
-                value = F.when(column(f"_n{i}") > 0, _average(column(f"_s{i}"), column(f"_n{i}"), field.dataType))
+                value = F.when(column(f"_n{i}") > 0, column(f"_s{i}").cast("double") / column(f"_n{i}").cast("double"))
             else:
                 value = column(f"_m{i}")
         columns.append(value.cast(field.dataType).alias(field.name))
     return state.select(*columns)
 
 
-def _average(total, count, result: T.DataType):
-    """Spark's AVG from its sum and count: for decimals the quotient rounded half up to the result's
-    scale (DecimalDivideWithOverflowCheck), else the double quotient."""
-    if not isinstance(result, T.DecimalType):
-        return total.cast("double") / count.cast("double")
-    scale = result.scale
+def _project_on_driver(spark: SparkSession, shape: IncrementalShape, state: DataFrame,
+                       schema: T.StructType) -> DataFrame:
+    groups = state.count()
+    if groups > DRIVER_GROUPS:
+        raise NotIncremental(f"it has an AVG of a decimal over {groups:,} groups; incremental refresh finishes one "
+                             f"on the driver, up to {DRIVER_GROUPS:,} groups")
+    rows = []
+    for row in state.collect():
+        values = []
+        for output, field in zip(shape.outputs, schema.fields):
+            if output.group is not None:
+                values.append(row[f"_g{output.group}"])
+                continue
+            i = output.aggregate
+            agg = shape.aggregates[i]
+            if agg.argument is None:
+                values.append(row[ROWS])
+            elif agg.kind == "count":
+                values.append(row[f"_n{i}"])
+            elif agg.kind in ("sum", "avg"):
+                total, count = row[f"_s{i}"], row[f"_n{i}"]
+                if not count:
+                    values.append(None)
+                elif agg.kind == "sum":
+                    values.append(total)
+                elif isinstance(field.dataType, T.DecimalType):
+                    with localcontext() as context:
+                        context.prec = 120
+                        values.append((Decimal(total) / Decimal(count)).quantize(
+                            Decimal(1).scaleb(-field.dataType.scale), rounding=ROUND_HALF_UP))
+                else:
+                    values.append(float(total) / float(count))
+            else:
+                values.append(row[f"_m{i}"])
+        rows.append(values)
+    return spark.createDataFrame(rows, schema)
 
-    def divide(value, n):
-        if value is None or not n:
-            return None
-        with localcontext() as context:
-            context.prec = 120
-            return (Decimal(value) / Decimal(n)).quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_UP)
 
-    return F.udf(divide, result)(total, count)
+def refuse_order_dependent_averages(shape: IncrementalShape, schema: T.StructType, state: DataFrame) -> None:
+    """NotIncremental when an AVG of integers (added in doubles by Spark) has a group whose values
+    reach 2^53 in absolute total: Spark's double sum then depends on the order of addition."""
+    checks = [F.max(column(f"_b{o.aggregate}")).alias(f"b{o.aggregate}") for o, f in zip(shape.outputs, schema.fields)
+              if o.aggregate is not None and shape.aggregates[o.aggregate].kind == "avg"
+              and not isinstance(f.dataType, T.DecimalType)]
+    if not checks:
+        return
+    highest = state.agg(*checks).first()
+    if any(v is not None and v >= EXACT_DOUBLE_SUM for v in highest):
+        raise NotIncremental("an AVG of integers has a group whose values total 2^53 or more, where Spark's sum in "
+                             "doubles depends on the order of addition")
 
 
 def refuse_inexact_sums(shape: IncrementalShape, partial_schema: T.StructType) -> None:
@@ -442,28 +520,48 @@ def refuse_inexact_sums(shape: IncrementalShape, partial_schema: T.StructType) -
 def refresh(spark: SparkSession, conn: psycopg.Connection, report_sql: str, params: Mapping[str, object],
             table: RegisteredTable, lake_root: str, target: str, write) -> Outcome:
     """The incremental refresh; `write(result)` writes the report atomically and returns its rows.
-    NotIncremental: it cannot be done this time (the caller refreshes in full), saying why."""
+    NotIncremental: it cannot be done this time (the caller refreshes in full), saying why. One run
+    of a target at a time moves its state (a session lock on the target's name); another run of it
+    meanwhile is a full refresh."""
     parsed = sql_guard.parse_query(report_sql)
     shape = incremental_shape(parsed)
     columns = tuple(registry.lake_columns(conn, table))
     eligible_table(conn, table, columns)
+    with pg.advisory_lock(conn, "incremental_state", zlib.crc32(target.encode()) & 0x7FFFFFFF) as acquired:
+        if not acquired:
+            raise NotIncremental("another run of it is refreshing its state")
+        return _refresh(spark, conn, parsed, shape, columns, report_sql, params, table, lake_root, target, write)
+
+
+def _refresh(spark: SparkSession, conn: psycopg.Connection, parsed: sql_guard.ParsedQuery, shape: IncrementalShape,
+             columns: Sequence[LakeColumn], report_sql: str, params: Mapping[str, object], table: RegisteredTable,
+             lake_root: str, target: str, write) -> Outcome:
     if not keep_old_images(conn, table):
         log.info("%s: its changes log the rows they remove from now on (sql/028)", table.qualified_name)
     path = state_path(lake_root, target)
     prints = fingerprint(report_sql, params, table, columns)
     with _stage("reading the state"):
         stored = read_state(spark, path)
+    why_none = "no state yet"
     if stored is not None and stored[1].fingerprint != prints:
-        log.info("report %s: its SQL, parameters or the table's columns changed: the state is rebuilt", target)
-        stored = None
+        stored, why_none = None, "the report's SQL, its parameters or the table's columns changed"
+    lake_path = table.lake_path(lake_root)
+    # As a report pins its versions: the lake first, then PostgreSQL's snapshot.
+    pinned = lake.pin_version(spark, lake_path)
+    committed = lake.committed_txn_version(spark, lake_path, lake.export_app_id(table.table_id))
     with _stage("reading the changes from PostgreSQL"):
-        window = read_window(conn, table, columns, stored[1] if stored else None)
+        window = read_window(conn, table, columns, stored[1] if stored else None, pinned, committed, why_none)
+        if isinstance(window, Window) and window.cold_valid is None and _invalid_keys(window.changes):
+            # Keys whose exported changes cannot be applied: the lake holds their rows at P.
+            window = read_window(conn, table, columns, None, pinned, committed,
+                                 f"{_invalid_keys(window.changes)} key(s) changed since the last refresh have "
+                                 "exported changes whose rows cannot be applied")
     if isinstance(window, str):
         raise NotIncremental(window)
     changes = window.changes
-    if len(changes) and not pc.all(changes[VALID]).as_py():
-        invalid = len(changes) - pc.sum(changes[VALID].cast(pa.int64())).as_py()
-        raise NotIncremental(f"{invalid} key(s) changed since the last refresh have changes whose rows cannot be "
+    invalid = _invalid_keys(changes)
+    if invalid:
+        raise NotIncremental(f"{invalid} key(s) changed since the last export have changes whose rows cannot be "
                              "applied (out of order in their transaction, or a row missing or not held by the lake)")
     problems = changes[lake_values.PROBLEM].drop_null()
     if len(problems):
@@ -471,17 +569,14 @@ def refresh(spark: SparkSession, conn: psycopg.Connection, report_sql: str, para
     contract = [c.name for c in columns]
     query = state_query(parsed, shape, table)
     with _stage("planning"):
-        frame = _frame(spark, changes.drop_columns([lake_values.PROBLEM, VALID]))
-        report_schema = aggregate(spark, frame.select(*map(column, contract)), table,
+        signed = _frame(spark, changes.drop_columns([lake_values.PROBLEM, VALID]))
+        report_schema = aggregate(spark, signed.select(*map(column, contract)), table,
                                   sql_guard.resolve(parsed, [table]), params).schema
-    signed = frame
-
-    refuse_inexact_sums(shape, aggregate(spark, signed.drop(COLD, HOT).limit(0), table, query, params).schema)
+        refuse_inexact_sums(shape, aggregate(spark, signed.drop(COLD, HOT).limit(0), table, query, params).schema)
 
     def rebuild() -> DataFrame:
-        path_v = table.lake_path(lake_root)
-        rows = lake.read_version(spark, path_v, window.version).transform(
-            cold_live(columns, split=lake.settled_split(path_v, window.version)))
+        rows = lake.read_version(spark, lake_path, window.version).transform(
+            cold_live(columns, split=lake.settled_split(lake_path, window.version)))
         from coldharbor.spark import local_checkpoint
 
         # Pinned now: the view it reads is registered again for the next aggregate, and a Spark
@@ -509,12 +604,17 @@ def refresh(spark: SparkSession, conn: psycopg.Connection, report_sql: str, para
         now, stale = merge(shape, cold, aggregate(spark, signed.filter(column(HOT)), table, query, params))
     if stale:
         raise NotIncremental("a change not in the lake yet removed a group's MIN or MAX")
+    refuse_order_dependent_averages(shape, report_schema, now)
     with _stage("writing the report"):
-        written = write(project(shape, now, report_schema))
+        written = write(project(spark, shape, now, report_schema))
     with _stage("writing the state"):
         write_state(cold, path, Frontier(window.version, window.batch_id, prints, window.now))
     hot = sum(1 for c in changes[COLD].to_pylist() if not c)
     return Outcome(written, f"refreshed {how}", window.version, hot)
+
+
+def _invalid_keys(changes: pa.Table) -> int:
+    return len(changes) - pc.sum(changes[VALID].cast(pa.int64())).as_py() if len(changes) else 0
 
 
 def _frame(spark: SparkSession, rows: pa.Table) -> DataFrame:

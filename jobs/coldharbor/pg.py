@@ -37,7 +37,9 @@ SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"
 LOCK_NAMESPACES = {"export": 0x43480001, "compact": 0x43480002, "cleanup": 0x43480003,
                    "lake_commit": 0x43480004,
                    # Not per table: a report run's lease (by lease id), a report table's swap (by name).
-                   "report_run": 0x43480005, "report_table": 0x43480006}
+                   "report_run": 0x43480005, "report_table": 0x43480006,
+                   # An incremental report's state (by a hash of its target's name).
+                   "incremental_state": 0x43480008}
 # Every job session, psycopg and JDBC, runs with these, whatever the server's or the DSN's defaults
 # (timestamps read back in UTC, binary in hex, floats exact). Key identity does not rely on them
 # (coldharbor.key_sql builds keys no setting changes); the values the jobs read and write do.

@@ -6,7 +6,10 @@ saying why."""
 from __future__ import annotations
 
 import random
+import zlib
+from pathlib import Path
 
+import psycopg
 import pytest
 from coldharbor import registry
 
@@ -110,3 +113,76 @@ def test_other_shapes_and_tables_without_exact_history_are_refreshed_in_full_say
     assert serve_report(monkeypatch, pg_dsn, lake_root, "--report", f"dbl_{t}", "--run-id", f"dbl-{t}") == 0
     assert "SUM adds double values, whose total depends on the order of addition" in run_detail(pg_conn, f"dbl-{t}")[1]
     assert registry.load(pg_conn, t)[0].history == "exact"
+
+
+def incremental_and_full(monkeypatch, pg_dsn, lake_root, conn, name: str, sql: str, step: str) -> tuple[str, dict]:
+    run = f"{name}-{step}"
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--report", name, "--run-id", run) == 0
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", sql, "--target", f"adhoc_{name}"[:48],
+                        "--run-id", f"{run}-full") == 0
+    incremental = conn.execute(f"SELECT * FROM reports.{name} ORDER BY 1").fetchall()
+    full = conn.execute(f"SELECT * FROM reports.adhoc_{name}"[:56] + " ORDER BY 1").fetchall()
+    assert incremental == full, (step, run_detail(conn, run))
+    return run_detail(conn, run)[1], {r[0]: r[1:] for r in incremental}
+
+
+def test_cases_a_cold_attack_found_answer_as_the_full_recompute(spark, pg_dsn, admin_dsn, pg_conn, table_name,
+                                                                lake_root, monkeypatch, reports_dir):
+    """Wide decimals keep every digit of their sums and averages (adding two decimal(38, s) columns
+    would cut the scale); a purge rebuilds at the lake's current version (the purged rows do not
+    come back); an AVG of integers past 2^53, where Spark's double sum depends on the order, is a
+    full refresh; a damaged state is rebuilt; exported changes that do not chain rebuild the state
+    and the next run is incremental again; a run while another holds the state is a full refresh."""
+    t = table_name
+    pg_conn.execute(f"""CREATE TABLE {t} (id bigint PRIMARY KEY, g text, a numeric(28,10), f numeric(38,8),
+                                          b bigint)""")
+    pg_conn.execute(f"""INSERT INTO {t} VALUES (1, 'x', 1.0000000001, 1.00000001, 1), (2, 'x', 2.0000000002, 1.00000002, 2),
+                                               (3, 'y', 0.3333333333, 7.77777777, 3), (4, 'z', 5, 5, 4)""")
+    pg_conn.execute("SELECT coldharbor.register_table(%s, p_history => 'exact')", (t,))
+    sql = f"SELECT g, count(*) AS n, sum(a) AS sa, avg(a) AS va, sum(f) AS sf, avg(f) AS vf, avg(b) AS vb FROM {t} GROUP BY g"
+    name = f"inc_{t}"
+    (reports_dir / f"{name}.sql").write_text(f"-- refresh: incremental\n{sql}\n")
+    export(spark, pg_dsn, t, lake_root)
+    incremental_and_full(monkeypatch, pg_dsn, lake_root, pg_conn, name, sql, "built")
+    pg_conn.execute(f"UPDATE {t} SET a = a + 0.0000000007, f = f + 0.00000003 WHERE id = 1")
+    export(spark, pg_dsn, t, lake_root)
+    detail, rows = incremental_and_full(monkeypatch, pg_dsn, lake_root, pg_conn, name, sql, "decimals")
+    assert detail.startswith("refreshed incrementally"), detail
+    assert str(rows["x"][1]) == "3.0000000010" and str(rows["x"][3]) == "2.00000006", rows
+
+    from coldharbor import purge
+    monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
+    assert purge.main(["--table", t, "--where", "id = 4", "--lake-root", lake_root,
+                       "--vacuum-retention-hours", "168"]) in (0, 4)
+    detail, rows = incremental_and_full(monkeypatch, pg_dsn, lake_root, pg_conn, name, sql, "purged")
+    assert "z" not in rows and "purged" in detail, detail
+    detail, rows = incremental_and_full(monkeypatch, pg_dsn, lake_root, pg_conn, name, sql, "after the purge")
+    assert "z" not in rows and detail.startswith("refreshed incrementally"), detail
+
+    state = Path(lake_root) / "_coldharbor" / "incremental" / name
+    for data in state.glob("*.parquet"):
+        data.unlink()
+    pg_conn.execute(f"UPDATE {t} SET b = b + 1 WHERE id = 3")
+    detail, _ = incremental_and_full(monkeypatch, pg_dsn, lake_root, pg_conn, name, sql, "damaged")
+    assert detail.startswith("refreshed from the lake"), detail
+
+    pg_conn.execute(f"""CREATE FUNCTION {t}_again() RETURNS trigger LANGUAGE plpgsql AS $$
+                        BEGIN UPDATE {t} SET b = b + 100 WHERE id = NEW.id AND b < 100; RETURN NULL; END $$""")
+    pg_conn.execute(f"CREATE TRIGGER again AFTER UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {t}_again()")
+    pg_conn.execute(f"UPDATE {t} SET g = 'w' WHERE id = 2")            # logged out of order: no chain
+    pg_conn.execute(f"DROP TRIGGER again ON {t}")
+    export(spark, pg_dsn, t, lake_root)
+    detail, _ = incremental_and_full(monkeypatch, pg_dsn, lake_root, pg_conn, name, sql, "unchained")
+    assert "cannot be applied" in detail and detail.startswith("refreshed from the lake"), detail
+    pg_conn.execute(f"UPDATE {t} SET g = 'v' WHERE id = 3")
+    detail, _ = incremental_and_full(monkeypatch, pg_dsn, lake_root, pg_conn, name, sql, "chained again")
+    assert detail.startswith("refreshed incrementally"), detail
+
+    with psycopg.connect(admin_dsn) as other:
+        other.execute("SELECT pg_advisory_lock(%s, %s)", (0x43480008, zlib.crc32(name.encode()) & 0x7FFFFFFF))
+        detail, _ = incremental_and_full(monkeypatch, pg_dsn, lake_root, pg_conn, name, sql, "locked")
+        assert detail == "refreshed in full: another run of it is refreshing its state", detail
+
+    pg_conn.execute(f"UPDATE {t} SET b = 9007199254740993 WHERE id = 3")
+    detail, _ = incremental_and_full(monkeypatch, pg_dsn, lake_root, pg_conn, name, sql, "past 2^53")
+    assert "2^53" in detail and detail.startswith("refreshed in full"), detail

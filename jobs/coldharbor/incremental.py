@@ -15,20 +15,23 @@ nothing either way).
 State, per report target, in the lake (`<root>/_coldharbor/incremental/<target>`, a Delta table of
 one row per group with its partial aggregates): the report over the lake's rows up to a lake
 version V (the *cold* part), and V, the batch that wrote it, a fingerprint of the report and when
-the state was built (the commit's user metadata). A refresh, in one PostgreSQL snapshot:
+the state was built (the commit's user metadata). A refresh, one run per target at a time:
 
-  1. V1 = the newest lake version of a flushed batch. The window (V, V1] must hold every change
-     (no batch pruned), no base (initial load, resync, a rebase after DDL) and no purge; else, or
-     with no state, or another fingerprint, the cold part is rebuilt from the lake at V1;
-  2. the changes after V (flushed since, or still dirty) give signed rows; the cold ones move
-     the state to V1, all of them give the report now;
-  3. the report (one atomic write, as a full refresh's) and the new state are written.
+  1. pin the lake version P and read its newest committed batch id, then take one PostgreSQL
+     snapshot, as a report does; every batch committed in lake@P must be marked there (else an
+     export is between its commit and its mark: a full refresh this time);
+  2. the window (V, P] must hold every change (no batch pruned), no base (initial load, resync, a
+     rebase after DDL) and no purge; else, or with no state, or another fingerprint, the cold part
+     is rebuilt from lake@P (a purge's commit included);
+  3. the changes after V give signed rows: the ones in lake@P move the cold part to P, the later
+     ones (dirty, or flushed after P) are applied on top for the report now;
+  4. the report (one atomic write, as a full refresh's), then the new state, are written.
 
 A MIN or MAX whose extreme a change removed cannot be updated from the changes: the cold part is
-then rebuilt from the lake; if it is the changes still dirty that removed it, this run is a full
-refresh. Anything that cannot be applied (a key whose changes do not chain, an image missing or
-holding a value the lake does not, the report's parameters or the table's columns changed) makes
-the run a full refresh, saying why; the state is rebuilt by the next run.
+then rebuilt from the lake; if it is the changes not in lake@P that removed it, this run is a full
+refresh. Exported changes that cannot be applied (a key whose changes do not chain, a row missing)
+rebuild the cold part; dirty ones make the run a full refresh, saying why, as do an AVG of
+integers past 2^53 (Spark adds them in doubles) and SUM/AVG of floating-point values.
 """
 
 from __future__ import annotations

@@ -312,18 +312,50 @@ BEGIN
 END;
 $$;
 
-DO $trigger$
+-- As 019's, with the guard above among the event triggers a superuser's migration installs.
+CREATE OR REPLACE FUNCTION coldharbor.install_ddl_triggers()
+RETURNS text[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_wanted  text[][] := ARRAY[
+        ['coldharbor_guard_capture_ddl', 'ddl_command_end', 'coldharbor.guard_capture'],
+        ['coldharbor_guard_capture_drop', 'sql_drop', 'coldharbor.guard_capture'],
+        ['coldharbor_grant_partition_capture', 'ddl_command_end', 'coldharbor.grant_partition_capture'],
+        ['coldharbor_rebase_ddl', 'ddl_command_end', 'coldharbor.rebase_on_ddl'],
+        ['coldharbor_rebase_rewrite', 'table_rewrite', 'coldharbor.rebase_on_ddl'],
+        ['coldharbor_evicted_rows_guard', 'ddl_command_end', 'coldharbor.guard_evicted_rows'],
+        ['coldharbor_evicted_keys_watch', 'ddl_command_start', 'coldharbor.watch_evicted_keys'],
+        ['coldharbor_note_registered_drop', 'sql_drop', 'coldharbor.note_registered_drop'],
+        ['coldharbor_guard_concurrent_detach', 'ddl_command_start', 'coldharbor.guard_concurrent_detach']];
+    v_missing text[] := '{}';
+    i         integer;
 BEGIN
-    IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
-        CREATE EVENT TRIGGER coldharbor_guard_concurrent_detach ON ddl_command_start
-            WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION coldharbor.guard_concurrent_detach();
-    ELSE
-        RAISE WARNING 'not a superuser: event trigger coldharbor_guard_concurrent_detach was not created; run the '
-                      'migration as a superuser for DETACH ... CONCURRENTLY of a lake-first table''s partition to be '
-                      'refused';
+    FOR i IN 1 .. array_length(v_wanted, 1) LOOP
+        CONTINUE WHEN EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = v_wanted[i][1]);
+        IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+            EXECUTE format('CREATE EVENT TRIGGER %I ON %s EXECUTE FUNCTION %s()',
+                           v_wanted[i][1], v_wanted[i][2], v_wanted[i][3]);
+        ELSE
+            v_missing := v_missing || v_wanted[i][1];
+        END IF;
+    END LOOP;
+    RETURN v_missing;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION coldharbor.install_ddl_triggers() FROM PUBLIC;
+
+DO $triggers$
+DECLARE
+    v_missing text[] := coldharbor.install_ddl_triggers();
+BEGIN
+    IF cardinality(v_missing) > 0 THEN
+        RAISE WARNING 'not a superuser: event triggers % were not created; run the migration as a superuser '
+                      '(or SELECT coldharbor.install_ddl_triggers() as one) for DDL on registered tables to be seen',
+                      array_to_string(v_missing, ', ');
     END IF;
 END
-$trigger$;
+$triggers$;
 
 -- The rows lake-first table p_table_id holds in PostgreSQL, its landing backlog (rows whose insert is
 -- not in the lake yet, and rows the next export removes), or NULL for another table or one it cannot

@@ -440,7 +440,7 @@ def test_event_triggers_missing_after_a_migration_without_a_superuser_are_instal
     assert {r[0] for r in pg_conn.execute("SELECT evtname FROM pg_event_trigger WHERE evtname LIKE 'coldharbor%'")} == {
         "coldharbor_guard_capture_ddl", "coldharbor_guard_capture_drop", "coldharbor_grant_partition_capture",
         "coldharbor_rebase_ddl", "coldharbor_rebase_rewrite", "coldharbor_evicted_rows_guard",
-        "coldharbor_evicted_keys_watch", "coldharbor_note_registered_drop"}
+        "coldharbor_evicted_keys_watch", "coldharbor_note_registered_drop", "coldharbor_guard_concurrent_detach"}
 
 
 def test_a_rename_no_trigger_saw_is_reconciled(spark, pg_dsn, pg_conn, table_name, lake_root):

@@ -13,7 +13,8 @@
 --     PostgreSQL's images of those.
 -- The refusal runs in evict_guard, the BEFORE UPDATE OR DELETE statement trigger of tiered tables,
 -- which every relation of a lake-first table carries (and whose protection against being dropped,
--- disabled or replaced is sql/013's), and in log_rows, which TRUNCATE and DETACH PARTITION call.
+-- disabled or replaced is sql/013's), and in log_rows, which TRUNCATE and DETACH PARTITION call
+-- (restated once, with sql/028's old images).
 
 ALTER TABLE coldharbor.tables ADD COLUMN mode text NOT NULL DEFAULT 'mirror'
     CONSTRAINT tables_mode_check CHECK (mode IN ('mirror', 'lake_first'));
@@ -100,41 +101,6 @@ BEGIN
                       || 'changes nothing, an INSERT of their key writes a new version.';
     END IF;
     RETURN NULL;
-END;
-$$;
-
--- As 024's, refusing TRUNCATE and DETACH PARTITION of a lake-first table: they would remove only the
--- rows still landing, and the lake's would stay.
-CREATE OR REPLACE FUNCTION coldharbor.log_rows(p_table_id integer, p_rel regclass, p_op "char", p_cause text)
-RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_kind "char";
-    v_rls  boolean;
-    v_hash boolean;     -- log the hash of each row removed (exact history)
-    t      coldharbor.tables;
-BEGIN
-    SELECT * INTO STRICT t FROM coldharbor.tables WHERE table_id = p_table_id;
-    IF t.mode = 'lake_first' AND p_op = 'D' THEN
-        RAISE EXCEPTION 'cannot % %: %.% is a lake-first table, whose rows live in the lake; PostgreSQL only accepts '
-                        'inserts into it', p_cause, p_rel, quote_ident(t.schema_name), quote_ident(t.table_name)
-            USING ERRCODE = 'feature_not_supported',
-                  HINT = 'Its rows leave PostgreSQL by themselves once they are in the lake; purge keys with '
-                      || 'jobs/purge.py, or register the table again with p_mode => ''mirror''.';
-    END IF;
-    SELECT relkind, relrowsecurity INTO STRICT v_kind, v_rls FROM pg_class WHERE oid = p_rel;
-    IF v_rls THEN
-        RAISE EXCEPTION 'cannot capture % of %: it has row-level security', p_cause, p_rel
-            USING ERRCODE = 'feature_not_supported',
-                  HINT = CASE p_cause WHEN 'TRUNCATE' THEN 'Delete the rows instead.'
-                         ELSE 'Capture reads its rows as the schema owner; disable its row-level security first.' END;
-    END IF;
-    v_hash := t.history = 'exact' AND p_op = 'D';
-    IF v_kind = 'r' THEN
-        EXECUTE format('INSERT INTO coldharbor.change_log (table_id, key, op, old_hash) SELECT %s, %s, %L, %s FROM %s o',
-                       p_table_id, coldharbor.key_sql(p_table_id, 'o'), p_op,
-                       CASE WHEN v_hash THEN 'hash_record_extended(o.*, 0)' ELSE 'NULL::bigint' END, p_rel);
-    END IF;
 END;
 $$;
 

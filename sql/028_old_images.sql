@@ -103,8 +103,9 @@ END;
 $install$;
 
 
--- As 027's, logging the row each TRUNCATE or DETACH PARTITION removes from a table with exact history
--- and old images.
+-- As 024's, logging the row each TRUNCATE or DETACH PARTITION removes from a table with exact history
+-- and old images, and refusing both for a lake-first table (sql/027): they would remove only the rows
+-- still landing, and the lake's would stay.
 CREATE OR REPLACE FUNCTION coldharbor.log_rows(p_table_id integer, p_rel regclass, p_op "char", p_cause text)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET extra_float_digits = 3 AS $$

@@ -362,8 +362,7 @@ def refuse_unheld(images: DataFrame, table: RegisteredTable) -> DataFrame:
     found = images.filter(problem.isNotNull() & ~column(DELETED)).select(problem).first()
     if found is not None:
         raise lake_values.refusal(table.qualified_name, found[0], EXPORT_REFUSED + (
-            LAKE_FIRST_WAY_OUT.format(table=table.register_again.removeprefix("SELECT coldharbor.register_table(")
-                                      .removesuffix(")")) if table.mode == "lake_first" else ""))
+            LAKE_FIRST_WAY_OUT.format(table=table.name_literal) if table.mode == "lake_first" else ""))
     return images.filter(problem.isNull()).drop(lake_values.PROBLEM)
 
 

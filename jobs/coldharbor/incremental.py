@@ -74,6 +74,7 @@ from coldharbor.incremental_shape import (
 )
 from coldharbor.lake_rows import column
 from coldharbor.registry import LakeColumn, RegisteredTable
+from coldharbor.spark import local_checkpoint
 from coldharbor.sql_check import DIALECT
 from coldharbor.unified import cold_live
 
@@ -152,8 +153,6 @@ def read_state(spark: SparkSession, path: str) -> tuple[DataFrame, Frontier] | N
     (a file of it gone: it is rebuilt, as if there were none)."""
     if not lake_store.is_delta_table(path):
         return None
-    from coldharbor.spark import local_checkpoint
-
     try:
         entry = lake.history_of(spark, path, 1).first()
         meta = json.loads(entry["userMetadata"] or "{}")
@@ -185,10 +184,6 @@ class Window:
     changes: pa.Table            # signed rows (the columns, SIGN, COLD, HOT, VALID)
     cold_valid: str | None       # why the window (V, V1] cannot be applied to the state, or None
     now: str                     # PostgreSQL's now() (ISO 8601)
-
-
-def _usable(table: RegisteredTable, columns: Sequence[LakeColumn], image: str) -> sql.Composable:
-    return hot_reader.image_usable(table, columns, image)
 
 
 def changes_query(table: RegisteredTable, columns: Sequence[LakeColumn], since: int, pinned: int) -> sql.Composed:
@@ -236,7 +231,8 @@ def changes_query(table: RegisteredTable, columns: Sequence[LakeColumn], since: 
         UNION ALL
         SELECT {no_values}, 0, false, false, false
           FROM keys d WHERE NOT fine AND nth = 1""").format(
-        usable_new=_usable(table, columns, "c.image"), usable_old=_usable(table, columns, "c.old_image"),
+        usable_new=hot_reader.image_usable(table, columns, "c.image"),
+        usable_old=hot_reader.image_usable(table, columns, "c.old_image"),
         readable=hot_reader.image_readable(table, columns), image_hash=hot_reader.image_hash(columns),
         table_id=sql.Literal(table.table_id), since=sql.Literal(since), pinned=sql.Literal(pinned), chained=hot_reader.chained(sql.SQL("k")),
         old_values=values("d.old_image"), new_values=values("d.image"),
@@ -394,10 +390,9 @@ def merge(shape: IncrementalShape, state: DataFrame, delta: DataFrame) -> tuple[
             sums.append(f"_b{i}")
         if agg.kind in ("min", "max"):
             extremes.append((i, F.min if agg.kind == "min" else F.max))
-    parts = [state.withColumn("_ch_side", F.lit(0)),
-             delta.select(*groups, *map(column, sums), *[column(f"_{p}{i}") for i, _ in extremes for p in ("a", "d")])
-             .withColumn("_ch_side", F.lit(1))]
-    both = parts[0].unionByName(parts[1], allowMissingColumns=True)
+    both = state.unionByName(
+        delta.select(*groups, *map(column, sums), *[column(f"_{p}{i}") for i, _ in extremes for p in ("a", "d")]),
+        allowMissingColumns=True)
     totals = [F.sum(column(c)).alias(c) for c in sums]
     for i, pick in extremes:
         totals += [pick(column(f"_m{i}")).alias(f"_m{i}"), pick(column(f"_a{i}")).alias(f"_a{i}"),
@@ -412,8 +407,6 @@ def merge(shape: IncrementalShape, state: DataFrame, delta: DataFrame) -> tuple[
         pick, beyond = (F.least, removed <= m) if agg.kind == "min" else (F.greatest, removed >= m)
         out.append(pick(m, added).alias(f"_m{i}"))
         stale = stale | (m.isNotNull() & removed.isNotNull() & beyond)
-    from coldharbor.spark import local_checkpoint
-
     merged = local_checkpoint(summed.select(*out, stale.alias("_ch_stale")), eager=True)
     counts = merged.agg(F.sum(column("_ch_stale").cast("int")).alias("stale"),
                         F.sum((column(ROWS) < 0).cast("int")).alias("negative")).first()
@@ -580,8 +573,6 @@ def _refresh(spark: SparkSession, conn: psycopg.Connection, parsed: sql_guard.Pa
     def rebuild() -> DataFrame:
         rows = lake.read_version(spark, lake_path, window.version).transform(
             cold_live(columns, split=lake.settled_split(lake_path, window.version)))
-        from coldharbor.spark import local_checkpoint
-
         # Pinned now: the view it reads is registered again for the next aggregate, and a Spark
         # Connect DataFrame is analysed again each time it runs.
         return local_checkpoint(base_state(shape, aggregate(spark, rows.withColumn(SIGN, F.lit(1)), table, query,
@@ -625,8 +616,6 @@ def _frame(spark: SparkSession, rows: pa.Table) -> DataFrame:
         from pyspark.sql.pandas.types import from_arrow_schema
 
         return spark.createDataFrame([], from_arrow_schema(rows.schema))
-    from coldharbor.spark import local_checkpoint
-
     return local_checkpoint(spark.createDataFrame(rows), eager=False)
 
 

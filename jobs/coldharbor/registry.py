@@ -67,10 +67,14 @@ class RegisteredTable:
         return one_line(shlex.quote(self.qualified_name))
 
     @property
+    def name_literal(self) -> str:
+        """The table's name as an SQL string literal ('schema.table', quoted parts as SQL writes them)."""
+        return "'" + self.quoted_name.replace("'", "''") + "'"
+
+    @property
     def register_again(self) -> str:
         """The statement that registers the table again (its name as a string literal)."""
-        literal = "'" + self.quoted_name.replace("'", "''") + "'"
-        return f"SELECT coldharbor.register_table({literal})"
+        return f"SELECT coldharbor.register_table({self.name_literal})"
 
     @property
     def identifier(self) -> sql.Identifier:

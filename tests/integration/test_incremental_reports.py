@@ -23,18 +23,26 @@ def run_detail(conn, run_id: str) -> str:
     return conn.execute("SELECT state, detail FROM coldharbor.report_runs WHERE run_id = %s", (run_id,)).fetchone()
 
 
+def incremental_and_full(monkeypatch, pg_dsn, lake_root, conn, name: str, sql: str, step: str) -> tuple[str, dict]:
+    """Runs incremental report `name` and its SQL in full; asserts they agree and the run succeeded;
+    returns how it was refreshed and its rows by group."""
+    run, full_target = f"{name}-{step}", f"adhoc_{name}"[:48]
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--report", name, "--run-id", run) == 0
+    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", sql, "--target", full_target,
+                        "--run-id", f"{run}-full") == 0
+    incremental = conn.execute(f"SELECT * FROM reports.{name} ORDER BY 1").fetchall()
+    full = conn.execute(f"SELECT * FROM reports.{full_target} ORDER BY 1").fetchall()
+    assert incremental == full, (step, run_detail(conn, run))
+    state, detail = run_detail(conn, run)
+    assert state == "succeeded", detail
+    return detail, {r[0]: r[1:] for r in incremental}
+
+
 def refresh_both(monkeypatch, pg_dsn, lake_root, conn, name: str, step: int) -> str:
     """Runs the incremental report and the same SQL in full; asserts they agree; returns how the
     incremental one was refreshed."""
-    run = f"{name}-inc-{step}"
-    assert serve_report(monkeypatch, pg_dsn, lake_root, "--report", f"inc_{name}", "--run-id", run) == 0
-    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", REPORT.format(t=name), "--target",
-                        f"adhoc_full_{name}", "--run-id", f"{name}-full-{step}") == 0
-    incremental = pg_rows(conn, f"SELECT * FROM reports.inc_{name}", ["grp"])
-    full = pg_rows(conn, f"SELECT * FROM reports.adhoc_full_{name}", ["grp"])
-    assert incremental == full, (step, run_detail(conn, run))
-    state, detail = run_detail(conn, run)
-    assert state == "succeeded"
+    detail, _ = incremental_and_full(monkeypatch, pg_dsn, lake_root, conn, f"inc_{name}", REPORT.format(t=name),
+                                     str(step))
     return detail
 
 
@@ -113,17 +121,6 @@ def test_other_shapes_and_tables_without_exact_history_are_refreshed_in_full_say
     assert serve_report(monkeypatch, pg_dsn, lake_root, "--report", f"dbl_{t}", "--run-id", f"dbl-{t}") == 0
     assert "SUM adds double values, whose total depends on the order of addition" in run_detail(pg_conn, f"dbl-{t}")[1]
     assert registry.load(pg_conn, t)[0].history == "exact"
-
-
-def incremental_and_full(monkeypatch, pg_dsn, lake_root, conn, name: str, sql: str, step: str) -> tuple[str, dict]:
-    run = f"{name}-{step}"
-    assert serve_report(monkeypatch, pg_dsn, lake_root, "--report", name, "--run-id", run) == 0
-    assert serve_report(monkeypatch, pg_dsn, lake_root, "--sql", sql, "--target", f"adhoc_{name}"[:48],
-                        "--run-id", f"{run}-full") == 0
-    incremental = conn.execute(f"SELECT * FROM reports.{name} ORDER BY 1").fetchall()
-    full = conn.execute(f"SELECT * FROM reports.adhoc_{name}"[:56] + " ORDER BY 1").fetchall()
-    assert incremental == full, (step, run_detail(conn, run))
-    return run_detail(conn, run)[1], {r[0]: r[1:] for r in incremental}
 
 
 def test_cases_a_cold_attack_found_answer_as_the_full_recompute(spark, pg_dsn, admin_dsn, pg_conn, table_name,

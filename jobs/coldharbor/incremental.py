@@ -65,6 +65,7 @@ from coldharbor import (
     pg,
     registry,
     sql_guard,
+    sql_params,
 )
 from coldharbor.hot_snapshot import arrow_type
 from coldharbor.incremental_shape import (
@@ -357,7 +358,7 @@ def aggregate(spark: SparkSession, rows: DataFrame, table: RegisteredTable, quer
               params: Mapping[str, object]) -> DataFrame:
     """The state columns over signed `rows` (the table's columns plus SIGN), as `query` computes them."""
     rows.createOrReplaceTempView(sql_guard.view_name(table))
-    return spark.sql(query.sql, args=dict(params))
+    return spark.sql(sql_params.bind(query.sql, params))
 
 
 def base_state(shape: IncrementalShape, partial: DataFrame) -> DataFrame:

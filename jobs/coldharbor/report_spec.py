@@ -9,7 +9,8 @@
     -- refresh: full                      (full | incremental: apply only what changed, coldharbor.incremental)
     SELECT status, count(*) AS orders FROM demo_orders WHERE amount >= :min_amount GROUP BY status
 
-Parameters are typed and bound by Spark (`:name` markers), never formatted into the SQL text.
+Parameters are typed, and bound into the checked query as typed literals (`:name` markers,
+coldharbor.sql_params), never formatted into the SQL text.
 Targets come from an allow-list: the targets the report files declare, plus `adhoc_*` names.
 """
 
@@ -20,7 +21,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation
 from pathlib import Path
 
 from coldharbor.errors import ReportError
@@ -36,6 +37,7 @@ _HEADER = re.compile(r"^--\s*([a-z_]+)\s*:\s*(.*?)\s*$")
 _PARAM = re.compile(r"^([a-z][a-z0-9_]*)\s+([a-z_]+(?:\(\s*\d+\s*,\s*\d+\s*\))?)(?:\s*=\s*(.*))?$")
 _DECIMAL = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
 REFRESH_MODES = ("full", "incremental")
+MAX_DIGITS_CHECKED = 100  # digits a decimal parameter may carry before its precision is checked
 PARAM_TYPES = ("string", "int", "bigint", "double", "decimal", "boolean", "date", "timestamp")
 
 
@@ -64,7 +66,8 @@ def _parse_decimal(raw: str, type_: str) -> Decimal:
         raise ValueError("not finite")
     if match:
         precision, scale = int(match[1]), int(match[2])
-        value = value.quantize(Decimal(1).scaleb(-scale))
+        # the default context keeps 28 digits: a decimal(38,10) value of 30 digits would not quantize
+        value = value.quantize(Decimal(1).scaleb(-scale), context=Context(prec=MAX_DIGITS_CHECKED))
         if len(value.as_tuple().digits) > precision:
             raise ValueError("too many digits")
     return value

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 from pyspark.sql import DataFrame, SparkSession
 
-from coldharbor import hot_snapshot, lake, registry, registry_cache, settings, sinks, sql_guard
+from coldharbor import hot_snapshot, lake, registry, registry_cache, settings, sinks, sql_guard, sql_params
 from coldharbor.as_of import check_as_of, lake_as_of
 from coldharbor.errors import ColdharborError, LakeUnavailableError, ReportError
 from coldharbor.hot_snapshot import HotSnapshot, HotTable
@@ -130,7 +130,7 @@ def run_query(spark: SparkSession, checked: sql_guard.CheckedQuery, params: Mapp
     from pyspark.errors import AnalysisException, ParseException
 
     try:
-        return spark.sql(checked.sql, args=dict(params))
+        return spark.sql(sql_params.bind(checked.sql, params))
     except (AnalysisException, ParseException) as exc:
         message = str(exc).strip().splitlines()[0]
         for table in checked.tables:

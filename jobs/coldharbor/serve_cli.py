@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sink", choices=report_spec.SINKS, help="postgres (reports.<target>) or delta "
                                                                    "(<lake root>/reports/<target>); default: the report's")
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                        help="a parameter value, bound by Spark (never formatted into the SQL); repeatable")
+                        help="a parameter value, bound as a typed literal (never formatted into the SQL); repeatable")
     parser.add_argument("--mode", choices=MODES, default="strict",
                         help="strict (default): fail when a tier is unreachable; best_effort: serve what is "
                              "reachable and record the run as degraded")

@@ -29,10 +29,6 @@ SESSION_CONF = {
     # ...nor substitute ${var}, ${system:...} or ${env:...} into SQL text after it was checked.
     "spark.sql.variable.substitute": "false",
     "spark.databricks.delta.schema.autoMerge.enabled": "false",
-    # Spark 4.2 binds :name parameters inside its parser, which Delta's parser wrapper does not pass
-    # on (the parameters stay unbound); the analysis-time binding still works through it. Values
-    # are bound as literals either way, never formatted into the SQL text.
-    "spark.sql.legacy.parameterSubstitution.constantsOnly": "true",
     # Delta rebuilds table state (for txnVersion checks) in this many tasks; its default of 50
     # turns a per-minute export into seconds of task overhead on a small machine.
     "spark.databricks.delta.snapshotPartitions": os.environ.get("COLDHARBOR_DELTA_SNAPSHOT_PARTITIONS", "2"),

@@ -79,7 +79,7 @@ ALLOWED_NODES: dict[type[exp.Expression], frozenset[str] | None] = {
     exp.Null: ANY_ARGS,
     exp.Boolean: frozenset({"this"}),
     exp.HexString: frozenset({"this"}),
-    exp.Placeholder: frozenset({"this"}),                    # :name only, bound by Spark
+    exp.Placeholder: frozenset({"this"}),                    # :name only, bound by sql_params
     exp.Interval: frozenset({"this", "unit"}),
     exp.Var: frozenset({"this"}),                            # a time unit only (TIME_UNITS)
     exp.DataType: frozenset({"this", "expressions", "nested", "values", "kind"}),

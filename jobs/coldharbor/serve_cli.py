@@ -15,7 +15,7 @@ from coldharbor.job_main import EXIT_UNFORESEEN, configure_logging, keep_traceba
 from coldharbor.report_runs import RunRecord
 from coldharbor.serve import (MODES, ServeConfig, default_run_id, history_window, serve, serve_lake_only,
                               validate_report)
-from coldharbor.spark import lost_spark
+from coldharbor.spark import data_error, lost_spark
 
 log = logging.getLogger("coldharbor.serve_report")
 
@@ -228,6 +228,12 @@ def _main(argv: list[str]) -> int:
         if lost is not None:
             _record_failure(conn, record, str(lost))
             log.error("serve_report failed (run %s): %s", record.run_id, lost)
+            return 2
+        failed_on = data_error(exc)
+        if failed_on is not None:  # the report's SQL met a value it cannot compute: the report's problem
+            message = f"the report fails on its data: {failed_on}; nothing was written"
+            _record_failure(conn, record, message)
+            log.error("serve_report failed (run %s): %s", record.run_id, message)
             return 2
         _record_failure(conn, record, f"{type(exc).__name__}: {exc}")
         kept = keep_traceback("serve_report", exc)

@@ -319,6 +319,23 @@ def lost_spark(exc: BaseException) -> ColdharborError | None:
                                  "start it (`make run`) and run the job again")
 
 
+DATA_EXCEPTION = "22"  # the SQLSTATE class of errors in the data: division by zero, overflow, a bad cast...
+_NOT_FOR_USERS = re.compile(r"\s*If necessary set \S+ to \S+ to bypass this error\.?", re.IGNORECASE)
+
+
+def data_error(exc: BaseException) -> str | None:
+    """Spark's one line for a value it could not compute while running a query (a SQLSTATE of class
+    22, a data exception: a division by zero, an overflow, a cast of text that is no number, an
+    index out of range), without its advice to turn ANSI mode off; None for any other failure."""
+    from pyspark.errors import PySparkException
+
+    for cause in _causes(exc):
+        if isinstance(cause, PySparkException) and (cause.getSqlState() or "").startswith(DATA_EXCEPTION):
+            text = cause.getMessage() if hasattr(cause, "getMessage") else str(cause)
+            return " ".join(_NOT_FOR_USERS.sub("", text.strip().splitlines()[0]).split())[:500]
+    return None
+
+
 def _causes(exc: BaseException) -> list[BaseException]:
     chain: list[BaseException] = []
     seen: BaseException | None = exc

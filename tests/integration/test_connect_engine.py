@@ -189,6 +189,12 @@ def test_parameterized_reports_run_over_connect(connect_server, pg_dsn, pg_conn,
         f"""SELECT region, region, count(*), sum(amount * 0.125), max(id * 2.0::float8) FROM {name}
             WHERE region = 'eu''x' AND id % 7 = 0 GROUP BY region""").fetchall()
 
+    # A value Spark cannot compute (ANSI mode) is one line naming Spark's error, over Connect too.
+    failed = run_job("serve_report.py", url, pg_dsn, lake_root, "--sql", f"SELECT id / (id - id) AS q FROM {name}",
+                     "--target", f"adhoc_{name}")
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr[-2000:]
+    assert "the report fails on its data: [DIVIDE_BY_ZERO] Division by zero." in failed.stderr, failed.stderr[-2000:]
+
     skip = NOTES[2]  # back\slash
     truth = f"SELECT region, count(*), sum(amount) FROM {name} WHERE id >= 5 AND note <> %s GROUP BY region ORDER BY 1"
     details = []

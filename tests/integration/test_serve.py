@@ -208,6 +208,12 @@ BAD_REPORTS = [
     ("SELECT map('k', id) AS `m\n` FROM {t}", "column 'm\\n' of the report is map<string,bigint>"),
     ("SELECT id, NULL AS nothing FROM {t}", "column 'nothing' of the report is void"),
     ("SELECT array(named_struct('a', id)) AS xs FROM {t}", "array<struct<a:bigint>>, which a PostgreSQL"),
+    # Errors of the data, met while Spark runs the report (ANSI mode): one line naming Spark's error.
+    ("SELECT id, id / (id - id) AS q FROM {t}", "the report fails on its data: [DIVIDE_BY_ZERO]"),
+    ("SELECT sum(amount * 9999999999999999999999999999999999BD) AS s FROM {t}",
+     "the report fails on its data: [ARITHMETIC_OVERFLOW]"),
+    ("SELECT CAST(customer AS INT) AS c FROM {t}", "the report fails on its data: [CAST_INVALID_INPUT]"),
+    ("SELECT element_at(array(id), 5) AS e FROM {t}", "the report fails on its data: [INVALID_ARRAY_INDEX"),
 ]
 
 

@@ -42,7 +42,7 @@ import json
 import logging
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, localcontext
 
@@ -75,6 +75,7 @@ from coldharbor.incremental_shape import (
 )
 from coldharbor.lake_rows import column
 from coldharbor.registry import LakeColumn, RegisteredTable
+from coldharbor.report_spec import ParamValues
 from coldharbor.spark import local_checkpoint
 from coldharbor.sql_check import DIALECT
 from coldharbor.unified import cold_live
@@ -115,10 +116,11 @@ def state_path(lake_root: str, target: str) -> str:
     return f"{lake_root}/{registry.OWN_FOLDER}/{STATE_FOLDER}/{target}"
 
 
-def fingerprint(report_sql: str, params: Mapping[str, object], table: RegisteredTable,
+def fingerprint(report_sql: str, params: ParamValues, table: RegisteredTable,
                 columns: Sequence[LakeColumn]) -> str:
     """What the state answers: the report's SQL and parameter values over the table's columns."""
-    text = json.dumps({"format": STATE_FORMAT, "sql": report_sql, "params": {k: repr(v) for k, v in sorted(params.items())},
+    text = json.dumps({"format": STATE_FORMAT, "sql": report_sql,
+                       "params": {k: f"{params.types.get(k)} {v!r}" for k, v in sorted(params.items())},
                        "table": table.table_id, "columns": [(c.name, c.lake_type, c.key_position) for c in columns]},
                       sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -355,7 +357,7 @@ def state_query(parsed: sql_guard.ParsedQuery, shape: IncrementalShape,
 
 
 def aggregate(spark: SparkSession, rows: DataFrame, table: RegisteredTable, query: sql_guard.CheckedQuery,
-              params: Mapping[str, object]) -> DataFrame:
+              params: ParamValues) -> DataFrame:
     """The state columns over signed `rows` (the table's columns plus SIGN), as `query` computes them."""
     rows.createOrReplaceTempView(sql_guard.view_name(table))
     return spark.sql(sql_params.bind(query.sql, params))
@@ -514,7 +516,7 @@ def refuse_inexact_sums(shape: IncrementalShape, partial_schema: T.StructType) -
 
 # ------------------------------------------------------------------------------------- the run
 
-def refresh(spark: SparkSession, conn: psycopg.Connection, report_sql: str, params: Mapping[str, object],
+def refresh(spark: SparkSession, conn: psycopg.Connection, report_sql: str, params: ParamValues,
             table: RegisteredTable, lake_root: str, target: str, write) -> Outcome:
     """The incremental refresh; `write(result)` writes the report atomically and returns its rows.
     NotIncremental: it cannot be done this time (the caller refreshes in full), saying why. One run
@@ -531,7 +533,7 @@ def refresh(spark: SparkSession, conn: psycopg.Connection, report_sql: str, para
 
 
 def _refresh(spark: SparkSession, conn: psycopg.Connection, parsed: sql_guard.ParsedQuery, shape: IncrementalShape,
-             columns: Sequence[LakeColumn], report_sql: str, params: Mapping[str, object], table: RegisteredTable,
+             columns: Sequence[LakeColumn], report_sql: str, params: ParamValues, table: RegisteredTable,
              lake_root: str, target: str, write) -> Outcome:
     if not keep_old_images(conn, table):
         log.info("%s: its changes log the rows they remove from now on (sql/028)", table.qualified_name)

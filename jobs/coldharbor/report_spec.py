@@ -17,11 +17,12 @@ Targets come from an allow-list: the targets the report files declare, plus `adh
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
-from decimal import Context, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from pathlib import Path
 
 from coldharbor.errors import ReportError
@@ -34,9 +35,10 @@ SINKS = ("postgres", "delta")
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,47}")  # whole names only: fullmatch (a "$" takes a trailing newline)
 ADHOC_PREFIX = "adhoc_"
 _HEADER = re.compile(r"^--\s*([a-z_]+)\s*:\s*(.*?)\s*$")
-_PARAM = re.compile(r"^([a-z][a-z0-9_]*)\s+([a-z_]+(?:\(\s*\d+\s*,\s*\d+\s*\))?)(?:\s*=\s*(.*))?$")
-_DECIMAL = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+_PARAM = re.compile(r"^([a-z][a-z0-9_]*)\s+([a-z_]+(?:\(\s*[0-9]+\s*,\s*[0-9]+\s*\))?)(?:\s*=\s*(.*))?$")
+_DECIMAL = re.compile(r"^decimal\(\s*([0-9]+)\s*,\s*([0-9]+)\s*\)$")
 REFRESH_MODES = ("full", "incremental")
+MAX_DECIMAL_PRECISION = 38  # Spark's DecimalType.MAX_PRECISION
 MAX_DIGITS_CHECKED = 100  # digits a decimal parameter may carry before its precision is checked
 PARAM_TYPES = ("string", "int", "bigint", "double", "decimal", "boolean", "date", "timestamp")
 
@@ -59,17 +61,45 @@ class ParamSpec:
         return "decimal" if self.type.startswith("decimal") else self.type
 
 
+# The forms a value may take, ASCII only (Python's own parsers also take 1_000, other scripts'
+# digits, ISO week dates and more): what is not one of them is refused, not guessed at.
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_NOT_A_NUMBER = re.compile(r"[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}(?:[T ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,6})?)?)?"
+                        r"(?:Z|[+-][0-9]{2}(?::?[0-9]{2})?)?")
+
+
+def _matching(pattern: re.Pattern, raw: str) -> str:
+    text = raw.strip()
+    if not pattern.fullmatch(text):
+        raise ValueError("not of the form")
+    return text
+
+
 def _parse_decimal(raw: str, type_: str) -> Decimal:
-    value = Decimal(raw)
+    value = Decimal(_matching(_NUMBER, raw))
     match = _DECIMAL.match(type_)
-    if not value.is_finite():
-        raise ValueError("not finite")
     if match:
         precision, scale = int(match[1]), int(match[2])
-        # the default context keeps 28 digits: a decimal(38,10) value of 30 digits would not quantize
-        value = value.quantize(Decimal(1).scaleb(-scale), context=Context(prec=MAX_DIGITS_CHECKED))
+        # Half up, as PostgreSQL's numeric and Spark's CAST round; the default context keeps 28
+        # digits, so a decimal(38,10) value of 30 digits needs a wider one.
+        value = value.quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_UP,
+                               context=Context(prec=MAX_DIGITS_CHECKED))
         if len(value.as_tuple().digits) > precision:
             raise ValueError("too many digits")
+    return value
+
+
+def _parse_double(raw: str, _type: str) -> float:
+    if _NOT_A_NUMBER.fullmatch(raw.strip()):
+        return float(raw.strip())
+    text = _matching(_NUMBER, raw)
+    value = float(text)
+    mantissa = text.lower().partition("e")[0]
+    if math.isinf(value) or (value == 0 and any(d in mantissa for d in "123456789")):
+        raise ValueError("out of the range of a double")
     return value
 
 
@@ -83,7 +113,7 @@ def _parse_bool(raw: str, _type: str) -> bool:
 
 
 def _parse_int(raw: str, type_: str) -> int:
-    value = int(raw.strip(), 10)
+    value = int(_matching(_INTEGER, raw), 10)
     bound = 2**31 if type_ == "int" else 2**63
     if not -bound <= value < bound:
         raise ValueError("out of range")
@@ -91,7 +121,7 @@ def _parse_int(raw: str, type_: str) -> int:
 
 
 def _parse_timestamp(raw: str, _type: str) -> datetime:
-    value = datetime.fromisoformat(raw.strip())
+    value = datetime.fromisoformat(_matching(_TIMESTAMP, raw))
     return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
@@ -99,12 +129,21 @@ _PARSERS = {
     "string": lambda raw, _t: raw,
     "int": _parse_int,
     "bigint": _parse_int,
-    "double": lambda raw, _t: float(raw),
+    "double": _parse_double,
     "decimal": _parse_decimal,
     "boolean": _parse_bool,
-    "date": lambda raw, _t: date.fromisoformat(raw.strip()),
+    "date": lambda raw, _t: date.fromisoformat(_matching(_DATE, raw)),
     "timestamp": _parse_timestamp,
 }
+
+
+class ParamValues(dict):
+    """A report's parameter values by name (typed: int, Decimal, date...), and in `types` the type
+    each was declared with (`int`, `decimal(12,2)`...), which its literal takes (sql_params)."""
+
+    def __init__(self, values: Mapping[str, object], types: Mapping[str, str]):
+        super().__init__(values)
+        self.types = dict(types)
 
 
 @dataclass(frozen=True)
@@ -119,7 +158,7 @@ class ReportSpec:
     start: date | None = None        # first interval a schedule catches up from (None: forward only)
     refresh: str = "full"            # full | incremental (REFRESH_MODES)
 
-    def bind(self, raw: Mapping[str, str]) -> dict[str, object]:
+    def bind(self, raw: Mapping[str, str]) -> ParamValues:
         """Typed values for every declared parameter; unknown or missing ones are refused."""
         declared = {p.name: p for p in self.params}
         unknown = sorted(set(raw) - set(declared))
@@ -132,7 +171,7 @@ class ReportSpec:
             if text is None:
                 raise ReportError(f"report {self.name} needs a value for parameter {name} ({param.type})")
             values[name] = param.parse(text)
-        return values
+        return ParamValues(values, {p.name: p.type for p in self.params})
 
 
 def check_name(kind: str, name: str) -> str:
@@ -158,6 +197,10 @@ def parse_param(text: str) -> ParamSpec:
     base = "decimal" if type_.startswith("decimal") else type_
     if base not in PARAM_TYPES:
         raise ReportError(f"parameter {name}: type {type_!r} is not one of {', '.join(PARAM_TYPES)}")
+    decimal = _DECIMAL.match(type_)
+    if decimal and not (1 <= int(decimal[1]) <= MAX_DECIMAL_PRECISION and 0 <= int(decimal[2]) <= int(decimal[1])):
+        raise ReportError(f"parameter {name}: type {type_!r} is not a decimal Spark holds: decimal(p,s) takes "
+                          f"1 <= p <= {MAX_DECIMAL_PRECISION} digits, s of them after the point")
     spec = ParamSpec(name, type_, default)
     if default is not None:
         spec.parse(default)

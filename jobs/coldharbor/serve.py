@@ -26,7 +26,7 @@ from coldharbor.lake_rows import DELETED, column
 from coldharbor.pg import JdbcTarget
 from coldharbor.registry import RegisteredTable
 from coldharbor.report_runs import RunRecord
-from coldharbor.report_spec import ReportSpec
+from coldharbor.report_spec import ParamValues, ReportSpec
 from coldharbor.spark import local_checkpoint
 from coldharbor.sql_feeds import FeedPoint
 from coldharbor.unified import cold_live, table_contract, unified_rows
@@ -39,7 +39,7 @@ MODES = ("strict", "best_effort")
 @dataclass(frozen=True)
 class ServeConfig:
     report: ReportSpec
-    params: Mapping[str, object]
+    params: ParamValues
     target: str
     sink: str
     mode: str
@@ -125,7 +125,7 @@ def register_views(spark: SparkSession, snapshot: HotSnapshot, pinned: Mapping[i
         view.createOrReplaceTempView(sql_guard.view_name(hot.table))
 
 
-def run_query(spark: SparkSession, checked: sql_guard.CheckedQuery, params: Mapping[str, object]) -> DataFrame:
+def run_query(spark: SparkSession, checked: sql_guard.CheckedQuery, params: ParamValues) -> DataFrame:
     """The report's DataFrame; analysis errors (unknown column, bad types) become ReportError."""
     from pyspark.errors import AnalysisException, ParseException
 

@@ -67,6 +67,8 @@ def _raw_params(pairs: list[str]) -> dict[str, str]:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             raise ReportError(f"--param {pair!r} is not of the form NAME=VALUE")
+        if name.strip() in params:
+            raise ReportError(f"--param {name.strip()} is given twice: give each parameter one value")
         params[name.strip()] = value
     return params
 

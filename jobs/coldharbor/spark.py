@@ -320,7 +320,8 @@ def lost_spark(exc: BaseException) -> ColdharborError | None:
 
 
 DATA_EXCEPTION = "22"  # the SQLSTATE class of errors in the data: division by zero, overflow, a bad cast...
-_NOT_FOR_USERS = re.compile(r"\s*If necessary set \S+ to \S+ to bypass this error\.?", re.IGNORECASE)
+# Spark's advice to turn ANSI mode off, a setting a report cannot change: the sentence goes.
+_NOT_FOR_USERS = re.compile(r"\s*If necessary set \S+ to \S+ to bypass this error[^.]*\.", re.IGNORECASE)
 
 
 def data_error(exc: BaseException) -> str | None:

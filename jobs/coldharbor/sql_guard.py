@@ -88,11 +88,23 @@ def parse_query(text: str) -> ParsedQuery:
         feeds = take_feeds(tree)
         check_tree(tree)
         _check_cte_names(tree)
+        _check_parameter_columns(tree)
     except RecursionError:
         raise ReportError(_TOO_DEEP) from None
     parameters = {p.name for p in tree.find_all(exp.Placeholder)}
     parameters.update(str(point.value) for feed in feeds for point in (feed.start, feed.end) if point.kind == "param")
     return ParsedQuery(tree, frozenset(parameters), feeds)
+
+
+def _check_parameter_columns(tree: exp.Query) -> None:
+    """A select-list item that uses a parameter has a name of its own (AS): Spark would name it
+    after the bound value, so the report's columns would change with the values it is run with."""
+    for select in tree.find_all(exp.Select):
+        for item in select.expressions:
+            marker = item.find(exp.Placeholder) if not isinstance(item, exp.Alias) else None
+            if marker is not None:
+                raise ReportError(f"name the column that uses parameter :{marker.name} ({snippet(item)}): "
+                                  f"write it with AS, e.g. {snippet(item)} AS {marker.name}")
 
 
 def resolve(parsed: ParsedQuery, registered: Iterable[RegisteredTable]) -> CheckedQuery:

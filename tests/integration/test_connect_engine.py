@@ -194,6 +194,11 @@ def test_parameterized_reports_run_over_connect(connect_server, pg_dsn, pg_conn,
                      "--target", f"adhoc_{name}")
     assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr[-2000:]
     assert "the report fails on its data: [DIVIDE_BY_ZERO] Division by zero." in failed.stderr, failed.stderr[-2000:]
+    overflow = f"SELECT sum(CAST(repeat('9', 37) AS DECIMAL(38, 0))) AS s FROM {name}"
+    failed = run_job("serve_report.py", url, pg_dsn, lake_root, "--sql", overflow, "--target", f"adhoc_{name}")
+    assert failed.returncode == 2 and "the report fails on its data: [ARITHMETIC_OVERFLOW] Overflow in sum of " \
+        "decimals. Use 'try_sum' to tolerate overflow and return NULL instead. SQLSTATE: 22003; nothing was written" \
+        in failed.stderr, failed.stderr[-2000:]
 
     skip = NOTES[2]  # back\slash
     truth = f"SELECT region, count(*), sum(amount) FROM {name} WHERE id >= 5 AND note <> %s GROUP BY region ORDER BY 1"

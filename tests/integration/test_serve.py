@@ -213,6 +213,9 @@ BAD_REPORTS = [
     ("SELECT sum(amount * 9999999999999999999999999999999999BD) AS s FROM {t}",
      "the report fails on its data: [ARITHMETIC_OVERFLOW]"),
     ("SELECT CAST(customer AS INT) AS c FROM {t}", "the report fails on its data: [CAST_INVALID_INPUT]"),
+    ("SELECT CAST(id AS DECIMAL(38, 0)) * CAST(repeat('9', 38) AS DECIMAL(38, 0)) AS p FROM {t} WHERE id = 2",
+     "[NUMERIC_VALUE_OUT_OF_RANGE.WITH_SUGGESTION] 199999999999999999999999999999999999998 cannot be represented "
+     "as Decimal(38, 0). SQLSTATE: 22003; nothing was written"),  # without Spark's advice to turn ANSI off
     ("SELECT element_at(array(id), 5) AS e FROM {t}", "the report fails on its data: [INVALID_ARRAY_INDEX"),
 ]
 

@@ -11,7 +11,7 @@ import pytest
 
 from coldharbor import settings
 from coldharbor.errors import ReportError
-from coldharbor.report_spec import check_target, load_reports, missing_report, parse_report, read_report_files
+from coldharbor.report_spec import ParamSpec, check_target, load_reports, missing_report, parse_report, read_report_files
 
 REPORT = """-- report: revenue
 -- target: reports.revenue_by_day
@@ -56,7 +56,33 @@ def test_parameter_types():
         spec.bind({"n": "1; DROP TABLE x", "b": "true", "t": "2026-01-02", "x": "1"})
 
 
+@pytest.mark.parametrize("type_, raw, value", [
+    # Found by a cold attack: Python's parsers took these, each read as something else or rounded
+    # half to even where PostgreSQL and Spark round half up.
+    ("decimal(12,2)", "1.005", Decimal("1.01")), ("decimal(12,2)", "-0.125", Decimal("-0.13")),
+    ("decimal(12,2)", "0.125", Decimal("0.13")), ("decimal(12,2)", "1_000", None), ("decimal(12,2)", "١٢٣", None),
+    ("decimal", " 2.5 ", Decimal("2.5")), ("decimal", "Infinity", None),
+    ("int", "1_000", None), ("int", "١٢٣", None), ("int", " +12 ", 12), ("bigint", "0x10", None),
+    ("double", "1e400", None), ("double", "1e-400", None), ("double", "1_0", None), ("double", "-0", -0.0),
+    ("double", "-Infinity", float("-inf")), ("double", "1e-300", 1e-300), ("double", "0e5", 0.0),
+    ("date", "2026-W01-1", None), ("date", "20260101", None), ("date", "2026-02-28", date(2026, 2, 28)),
+    ("timestamp", "2026-01-01T00:00:00.1234567", None), ("timestamp", "2026-01-01 05:06", datetime(
+        2026, 1, 1, 5, 6, tzinfo=timezone.utc)), ("timestamp", "2026-01-01T00:00Z", datetime(2026, 1, 1, tzinfo=timezone.utc)),
+])
+def test_parameter_values_take_one_plain_form(type_, raw, value):
+    spec = ParamSpec("p", type_)
+    if value is None:
+        with pytest.raises(ReportError, match=f"parameter p: {re.escape(repr(raw))} is not a valid"):
+            spec.parse(raw)
+    else:
+        parsed = spec.parse(raw)
+        assert parsed == value and str(parsed) == str(value)
+
+
 @pytest.mark.parametrize("text, message", [
+    ("-- param: n decimal(50,0)\nSELECT 1", "type 'decimal\\(50,0\\)' is not a decimal Spark holds"),
+    ("-- param: n decimal(2,3)\nSELECT 1", "type 'decimal\\(2,3\\)' is not a decimal Spark holds"),
+    ("-- param: n decimal(0,0)\nSELECT 1", "type 'decimal\\(0,0\\)' is not a decimal Spark holds"),
     ("-- sink: s3\nSELECT 1", "sink 's3' is not one of postgres, delta"),
     ("-- target: public.orders\nSELECT 1", "report tables live in the reports schema"),
     ("-- target: reports.\"x; drop\"\nSELECT 1", "is not allowed"),
@@ -126,3 +152,11 @@ def test_a_start_date_makes_the_schedule_catch_up_and_a_bad_one_is_refused():
     assert parse_report("SELECT 1 AS x FROM t", "r").start is None
     with pytest.raises(ReportError, match="start 'yesterday' is not a date"):
         parse_report("-- start: yesterday\nSELECT 1 AS x FROM t", "r")
+
+
+def test_a_parameter_given_twice_on_the_command_line_is_refused():
+    from coldharbor.serve_cli import _raw_params
+
+    assert _raw_params(["a=1", "b= x=y "]) == {"a": "1", "b": " x=y "}
+    with pytest.raises(ReportError, match="--param s is given twice: give each parameter one value"):
+        _raw_params(["s=1", "s=2"])

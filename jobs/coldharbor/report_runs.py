@@ -136,7 +136,9 @@ def succeed(conn: psycopg.Connection, run: RunRecord) -> None:
 
 def fail(conn: psycopg.Connection, run: RunRecord, error: str) -> None:
     """Records the run as failed, whether or not it was started."""
-    conn.execute(_FAIL, {**_figures(run), "report": run.report, "mode": run.mode, "error": error[:2000]})
+    # PostgreSQL text holds no NUL: an error quoting a value that held one is still recorded
+    conn.execute(_FAIL, {**_figures(run), "report": run.report, "mode": run.mode,
+                         "error": error.replace("\x00", "\\x00")[:2000]})
     _release(conn, run)
 
 

@@ -38,6 +38,7 @@ _HEADER = re.compile(r"^--\s*([a-z_]+)\s*:\s*(.*?)\s*$")
 _PARAM = re.compile(r"^([a-z][a-z0-9_]*)\s+([a-z_]+(?:\(\s*[0-9]+\s*,\s*[0-9]+\s*\))?)(?:\s*=\s*(.*))?$")
 _DECIMAL = re.compile(r"^decimal\(\s*([0-9]+)\s*,\s*([0-9]+)\s*\)$")
 REFRESH_MODES = ("full", "incremental")
+HEADER_KEYS = ("report", "target", "sink", "schedule", "description", "start", "refresh", "param")
 MAX_DECIMAL_PRECISION = 38  # Spark's DecimalType.MAX_PRECISION
 MAX_DIGITS_CHECKED = 100  # digits a decimal parameter may carry before its precision is checked
 PARAM_TYPES = ("string", "int", "bigint", "double", "decimal", "boolean", "date", "timestamp")
@@ -51,6 +52,9 @@ class ParamSpec:
 
     def parse(self, raw: str) -> object:
         """The typed value of `raw`, or a ReportError naming the parameter."""
+        if "\x00" in raw:
+            raise ReportError(f"parameter {self.name}: the value holds a NUL character, which PostgreSQL text "
+                              "(report tables, the run's record) cannot hold")
         try:
             return _PARSERS[self.base_type](raw, self.type)
         except (ValueError, InvalidOperation) as exc:
@@ -71,8 +75,11 @@ _TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}(?:[T ][0-9]{2}:[0-9]{2}(?::
                         r"(?:Z|[+-][0-9]{2}(?::?[0-9]{2})?)?")
 
 
+_BLANKS = " \t\r\n"  # ASCII blanks only: no-break and other Unicode spaces are not stripped
+
+
 def _matching(pattern: re.Pattern, raw: str) -> str:
-    text = raw.strip()
+    text = raw.strip(_BLANKS)
     if not pattern.fullmatch(text):
         raise ValueError("not of the form")
     return text
@@ -81,7 +88,13 @@ def _matching(pattern: re.Pattern, raw: str) -> str:
 def _parse_decimal(raw: str, type_: str) -> Decimal:
     value = Decimal(_matching(_NUMBER, raw))
     match = _DECIMAL.match(type_)
-    if match:
+    if not match:  # a bare decimal keeps its digits: they must fit a Spark decimal
+        if value.is_zero():  # 0E-50 is zero: at most 38 places of it
+            value = Decimal(0).scaleb(-min(max(-value.as_tuple().exponent, 0), MAX_DECIMAL_PRECISION))
+        digits, exponent = len(value.as_tuple().digits), value.as_tuple().exponent
+        if max(digits + max(exponent, 0), -exponent) > MAX_DECIMAL_PRECISION:
+            raise ValueError("more digits than a Spark decimal holds")
+    else:
         precision, scale = int(match[1]), int(match[2])
         # Half up, as PostgreSQL's numeric and Spark's CAST round; the default context keeps 28
         # digits, so a decimal(38,10) value of 30 digits needs a wider one.
@@ -93,8 +106,8 @@ def _parse_decimal(raw: str, type_: str) -> Decimal:
 
 
 def _parse_double(raw: str, _type: str) -> float:
-    if _NOT_A_NUMBER.fullmatch(raw.strip()):
-        return float(raw.strip())
+    if _NOT_A_NUMBER.fullmatch(raw.strip(_BLANKS)):
+        return float(raw.strip(_BLANKS))
     text = _matching(_NUMBER, raw)
     value = float(text)
     mantissa = text.lower().partition("e")[0]
@@ -104,7 +117,7 @@ def _parse_double(raw: str, _type: str) -> float:
 
 
 def _parse_bool(raw: str, _type: str) -> bool:
-    lowered = raw.strip().lower()
+    lowered = raw.strip(_BLANKS).lower()
     if lowered in ("true", "t", "yes", "1"):
         return True
     if lowered in ("false", "f", "no", "0"):
@@ -201,10 +214,26 @@ def parse_param(text: str) -> ParamSpec:
     if decimal and not (1 <= int(decimal[1]) <= MAX_DECIMAL_PRECISION and 0 <= int(decimal[2]) <= int(decimal[1])):
         raise ReportError(f"parameter {name}: type {type_!r} is not a decimal Spark holds: decimal(p,s) takes "
                           f"1 <= p <= {MAX_DECIMAL_PRECISION} digits, s of them after the point")
+    if not _usable_marker(name):
+        raise ReportError(f"parameter {name}: :{name} cannot stand in SQL as a parameter (it is a keyword there): "
+                          "choose another name")
     spec = ParamSpec(name, type_, default)
     if default is not None:
         spec.parse(default)
     return spec
+
+
+def _usable_marker(name: str) -> bool:
+    """Whether `:name` reads as a parameter marker where a value stands (`:from` does not)."""
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.errors import SqlglotError
+
+    try:
+        tree = sqlglot.parse_one(f"SELECT 1 AS x WHERE 1 = :{name}", read="spark")
+    except SqlglotError:
+        return False
+    return any(marker.this == name for marker in tree.find_all(exp.Placeholder))
 
 
 def parse_report(text: str, default_name: str, source: str | None = None) -> ReportSpec:
@@ -218,12 +247,16 @@ def parse_report(text: str, default_name: str, source: str | None = None) -> Rep
             key, value = match[1], match[2]
             if key == "param":
                 params.append(parse_param(value))
-            elif key in ("report", "target", "sink", "schedule", "description", "start", "refresh"):
+            elif key in HEADER_KEYS:
                 header[key] = value
             else:
                 raise ReportError(f"{source or default_name}: unknown header '{key}' "
                                   "(known: report, target, sink, schedule, start, refresh, param, description)")
         elif line.strip() or body:
+            late = _HEADER.match(line)
+            if late and late[1] in HEADER_KEYS:
+                raise ReportError(f"{source or default_name}: the header line '-- {late[1]}:' stands after the "
+                                  "report's SQL (or a plain comment) began: header lines come first, one after another")
             body.append(line)
     name = check_name("report name", header.get("report", default_name))
     sink = header.get("sink", "postgres")

@@ -24,6 +24,7 @@ from coldharbor.errors import LakeUnavailableError, ReportError
 from coldharbor.pg import JdbcTarget
 from coldharbor.registry import one_line
 from coldharbor.report_spec import REPORTS_SCHEMA
+from coldharbor.spark import data_error
 
 log = logging.getLogger(__name__)
 STAGE_PREFIX = "_ch_stage_"
@@ -53,6 +54,9 @@ def require_postgres_columns(schema: T.StructType) -> None:
                 "lake (sink delta)")
 
 
+_NUL_REFUSED = 'invalid byte sequence for encoding "UTF8": 0x00'
+
+
 def write_postgres(result: DataFrame, conn: psycopg.Connection, jdbc: JdbcTarget, target: str) -> int:
     """Writes `result` to reports.<target>, atomically for readers; returns the row count."""
     require_postgres_columns(result.schema)
@@ -64,8 +68,12 @@ def write_postgres(result: DataFrame, conn: psycopg.Connection, jdbc: JdbcTarget
          .mode("error").save())  # error if it exists; the Connect client knows only this spelling
         faults.from_environment("report_after_stage")
         rows = report_tables.swap_in(conn, stage, target)
-    except BaseException:
+    except BaseException as exc:
         _drop_quietly(conn, stage)
+        if _NUL_REFUSED in str(exc):  # SQLSTATE 22021, as PostgreSQL's JDBC driver tells it
+            raise ReportError("a text value of the report holds a NUL character, which a PostgreSQL report table "
+                              "cannot hold: remove it in the SELECT (replace(x, char(0), '')) or write the report "
+                              "to the lake (sink delta); nothing was written") from exc
         raise
     log.info("wrote %s rows to %s.%s", rows, REPORTS_SCHEMA, target)
     return rows
@@ -92,7 +100,7 @@ def write_delta(result: DataFrame, path: str, metadata: Mapping[str, object]) ->
          .save(path))
         metrics = lake.history_of(result.sparkSession, path, 1).first()["operationMetrics"]
     except Exception as exc:
-        if lake.files_gone(exc):
+        if lake.files_gone(exc) or data_error(exc) is not None:  # the report's own data: not the lake's fault
             raise
         raise LakeUnavailableError(f"the Delta report table at {path} could not be written: "
                                    f"{lake.jvm_message(exc)}") from exc

@@ -322,19 +322,36 @@ def lost_spark(exc: BaseException) -> ColdharborError | None:
 DATA_EXCEPTION = "22"  # the SQLSTATE class of errors in the data: division by zero, overflow, a bad cast...
 # Spark's advice to turn ANSI mode off, a setting a report cannot change: the sentence goes.
 _NOT_FOR_USERS = re.compile(r"\s*If necessary set \S+ to \S+ to bypass this error[^.]*\.", re.IGNORECASE)
+# The same error as text, where Spark wrapped it (a task's failure inside a write's, as the JVM tells it).
+_DATA_EXCEPTION_TEXT = re.compile(r"\[[A-Z][A-Z0-9_.]*\] [^\n]*?SQLSTATE: 22[0-9A-Z]{3}")
+# Java's own errors for a value a function was given (no SQLSTATE): a pattern that does not
+# compile, a format that does not fit its arguments, an int that overflows, a number that is none.
+_VALUE_ERROR_TEXT = re.compile(r"java\.(?:util\.regex\.PatternSyntaxException|util\.[A-Za-z]*Format[A-Za-z]*Exception"
+                               r"|lang\.ArithmeticException|lang\.NumberFormatException): [^\n]*")
 
 
 def data_error(exc: BaseException) -> str | None:
-    """Spark's one line for a value it could not compute while running a query (a SQLSTATE of class
-    22, a data exception: a division by zero, an overflow, a cast of text that is no number, an
-    index out of range), without its advice to turn ANSI mode off; None for any other failure."""
+    """Spark's one line for a value it could not compute while running a query, without its advice
+    to turn ANSI mode off: a SQLSTATE of class 22 (a data exception: a division by zero, an
+    overflow, a cast of text that is no number, an index out of range), or Java's error for a value
+    a function was given (a regular expression that does not compile, a format string its
+    arguments do not fit, an integer overflow). None for any other failure."""
     from pyspark.errors import PySparkException
 
-    for cause in _causes(exc):
+    chain = _causes(exc)
+    for cause in chain:
         if isinstance(cause, PySparkException) and (cause.getSqlState() or "").startswith(DATA_EXCEPTION):
-            text = cause.getMessage() if hasattr(cause, "getMessage") else str(cause)
-            return " ".join(_NOT_FOR_USERS.sub("", text.strip().splitlines()[0]).split())[:500]
+            return _shown(cause.getMessage() if hasattr(cause, "getMessage") else str(cause))
+    for pattern in (_DATA_EXCEPTION_TEXT, _VALUE_ERROR_TEXT):
+        for cause in chain:
+            found = pattern.search(str(cause))
+            if found:
+                return _shown(found.group(0))
     return None
+
+
+def _shown(text: str) -> str:
+    return " ".join(_NOT_FOR_USERS.sub("", text.strip().splitlines()[0]).split())[:500]
 
 
 def _causes(exc: BaseException) -> list[BaseException]:

@@ -7,6 +7,7 @@ import threading
 import time
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -217,6 +218,12 @@ BAD_REPORTS = [
      "[NUMERIC_VALUE_OUT_OF_RANGE.WITH_SUGGESTION] 199999999999999999999999999999999999998 cannot be represented "
      "as Decimal(38, 0). SQLSTATE: 22003; nothing was written"),  # without Spark's advice to turn ANSI off
     ("SELECT element_at(array(id), 5) AS e FROM {t}", "the report fails on its data: [INVALID_ARRAY_INDEX"),
+    # Found by a cold attack: Java's own errors for a value a function was given, and a NUL in text.
+    ("SELECT split(customer, '(') AS parts FROM {t}",
+     "the report fails on its data: java.util.regex.PatternSyntaxException: Unclosed group near index 1"),
+    ("SELECT format_string('%d %d', id) AS f FROM {t}",
+     "the report fails on its data: java.util.MissingFormatArgumentException: Format specifier '%d'"),
+    ("SELECT concat('a', char(0), 'b') AS s FROM {t}", "a text value of the report holds a NUL character"),
 ]
 
 
@@ -240,6 +247,22 @@ def test_bad_reports_fail_clearly_are_recorded_and_change_nothing(
     assert pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"]) == before
     assert pg_conn.execute("SELECT count(*) FROM reports.adhoc_guarded").fetchone()[0] == 20
     assert pg_conn.execute("SELECT count(*) FROM pg_tables").fetchone()[0] == tables_before
+
+
+def test_a_data_error_in_a_delta_report_is_the_report_s_not_the_lake_s(
+        spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, caplog):
+    """Found by a cold attack: a division by zero writing a Delta report was "the Delta report table
+    could not be written" (TASK_WRITE_FAILED); it is the report's data, and no version is committed."""
+    make_orders(pg_conn, table_name, rows=20)
+    export(spark, pg_dsn, table_name, lake_root)
+    rc = run_adhoc(monkeypatch, pg_dsn, lake_root, f"SELECT id, id / (id - id) AS q FROM {table_name}",
+                   "adhoc_zero", "--sink", "delta", "--run-id", f"zero-{table_name}")
+    assert rc == 2
+    error = report_run(pg_conn, f"zero-{table_name}")["error"]
+    assert error.startswith("the report fails on its data: [DIVIDE_BY_ZERO] Division by zero.") and \
+        error.endswith("SQLSTATE: 22012; nothing was written") and "ansi" not in error, error
+    assert not (Path(lake_root) / "reports" / "adhoc_zero" / "_delta_log").exists() or \
+        not list((Path(lake_root) / "reports" / "adhoc_zero" / "_delta_log").glob("*.json"))
 
 
 def test_a_target_outside_the_allow_list_is_refused(spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):

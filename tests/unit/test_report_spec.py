@@ -61,7 +61,8 @@ def test_parameter_types():
     # half to even where PostgreSQL and Spark round half up.
     ("decimal(12,2)", "1.005", Decimal("1.01")), ("decimal(12,2)", "-0.125", Decimal("-0.13")),
     ("decimal(12,2)", "0.125", Decimal("0.13")), ("decimal(12,2)", "1_000", None), ("decimal(12,2)", "١٢٣", None),
-    ("decimal", " 2.5 ", Decimal("2.5")), ("decimal", "Infinity", None),
+    ("decimal", " 2.5 ", Decimal("2.5")), ("decimal", "Infinity", None), ("decimal", "1e-39", None),
+    ("decimal", "0e-50", Decimal("0E-38")), ("decimal", "1" * 39, None), ("double", "\u00a05", None),
     ("int", "1_000", None), ("int", "١٢٣", None), ("int", " +12 ", 12), ("bigint", "0x10", None),
     ("double", "1e400", None), ("double", "1e-400", None), ("double", "1_0", None), ("double", "-0", -0.0),
     ("double", "-Infinity", float("-inf")), ("double", "1e-300", 1e-300), ("double", "0e5", 0.0),
@@ -80,6 +81,9 @@ def test_parameter_values_take_one_plain_form(type_, raw, value):
 
 
 @pytest.mark.parametrize("text, message", [
+    ("-- param: from int\nSELECT 1", "parameter from: :from cannot stand in SQL as a parameter"),
+    ("-- report: r\n-- a plain comment\n-- param: n int\nSELECT 1", "the header line '-- param:' stands after"),
+    ("-- param: s string = a\x00b\nSELECT 1", "parameter s: the value holds a NUL character"),
     ("-- param: n decimal(50,0)\nSELECT 1", "type 'decimal\\(50,0\\)' is not a decimal Spark holds"),
     ("-- param: n decimal(2,3)\nSELECT 1", "type 'decimal\\(2,3\\)' is not a decimal Spark holds"),
     ("-- param: n decimal(0,0)\nSELECT 1", "type 'decimal\\(0,0\\)' is not a decimal Spark holds"),

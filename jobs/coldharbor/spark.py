@@ -320,10 +320,11 @@ def lost_spark(exc: BaseException) -> ColdharborError | None:
 
 
 DATA_EXCEPTION = "22"  # the SQLSTATE class of errors in the data: division by zero, overflow, a bad cast...
+RAISED = "P0"  # raise_error(...): the report's own (or sql_guard's bound on the texts it builds)
 # Spark's advice to turn ANSI mode off, a setting a report cannot change: the sentence goes.
 _NOT_FOR_USERS = re.compile(r"\s*If necessary set \S+ to \S+ to bypass this error[^.]*\.", re.IGNORECASE)
 # The same error as text, where Spark wrapped it (a task's failure inside a write's, as the JVM tells it).
-_DATA_EXCEPTION_TEXT = re.compile(r"\[[A-Z][A-Z0-9_.]*\] [^\n]*?SQLSTATE: 22[0-9A-Z]{3}")
+_DATA_EXCEPTION_TEXT = re.compile(r"\[[A-Z][A-Z0-9_.]*\] [^\n]*?SQLSTATE: (?:22|P0)[0-9A-Z]{3}")
 # Java's own errors for a value a function was given (no SQLSTATE): a pattern that does not
 # compile, a format that does not fit its arguments, an int that overflows, a number that is none.
 _VALUE_ERROR_TEXT = re.compile(r"java\.(?:util\.regex\.PatternSyntaxException|util\.[A-Za-z]*Format[A-Za-z]*Exception"
@@ -340,7 +341,7 @@ def data_error(exc: BaseException) -> str | None:
 
     chain = _causes(exc)
     for cause in chain:
-        if isinstance(cause, PySparkException) and (cause.getSqlState() or "").startswith(DATA_EXCEPTION):
+        if isinstance(cause, PySparkException) and (cause.getSqlState() or "")[:2] in (DATA_EXCEPTION, RAISED):
             return _shown(cause.getMessage() if hasattr(cause, "getMessage") else str(cause))
     for pattern in (_DATA_EXCEPTION_TEXT, _VALUE_ERROR_TEXT):
         for cause in chain:

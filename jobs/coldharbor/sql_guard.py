@@ -137,8 +137,36 @@ def _resolve(parsed: ParsedQuery, registered: Iterable[RegisteredTable]) -> Chec
         table.set("catalog", None)
     if not used and not feeds:
         raise ReportError("the report reads no registered table")
+    _bound_sizes(tree)
     return CheckedQuery(_regenerate(tree, {view_name(t) for t in used.values()} | feed_views), tuple(used.values()),
                         parsed.parameters, feeds)
+
+
+# The longest text a report may build out of a short one with repeat, space, lpad or rpad: one
+# value past it could exhaust the memory of the Spark engine every report shares (found by a cold
+# attack: repeat(x, 1000000000) stopped the warm engine). Beyond it the run fails in one line.
+MAX_BUILT_TEXT = 1_000_000
+_TOO_LONG = f"a report may not build a text longer than {MAX_BUILT_TEXT:,} characters with repeat, space, lpad or rpad"
+
+
+def _bound_sizes(tree: exp.Query) -> None:
+    """Each size repeat, space, lpad and rpad are given checked where it is computed: above
+    MAX_BUILT_TEXT the query raises an error instead of building the text (a NULL stays NULL)."""
+    def guarded(size: exp.Expression, length: exp.Expression) -> exp.Expression:
+        return exp.If(this=exp.GT(this=length, expression=exp.Literal.number(MAX_BUILT_TEXT)),
+                      true=exp.Anonymous(this="raise_error", expressions=[exp.Literal.string(_TOO_LONG)]),
+                      false=size)
+
+    for node in list(tree.find_all(exp.Anonymous)):
+        name, args = str(node.this).lower(), node.expressions
+        if name == "repeat" and len(args) == 2:  # its length: times * length(text), in 64 bits
+            total = exp.Mul(this=exp.Cast(this=args[1].copy(), to=exp.DataType.build("BIGINT")),
+                            expression=exp.Anonymous(this="length", expressions=[args[0].copy()]))
+            args[1].replace(guarded(args[1].copy(), total))
+        elif name == "space" and len(args) == 1:
+            args[0].replace(guarded(args[0].copy(), args[0].copy()))
+        elif name in ("lpad", "rpad") and len(args) in (2, 3):
+            args[1].replace(guarded(args[1].copy(), args[1].copy()))
 
 
 def _named(parts: tuple[str, ...]) -> exp.Table:
@@ -255,7 +283,7 @@ def _regenerate(tree: exp.Query, views: set[str]) -> str:
     except (SqlglotError, ValueError) as exc:
         raise ReportError(f"the report's SQL cannot be written back for Spark: {_first_line(exc)}") from exc
     again = _parse_one(sql)
-    check_tree(again)
+    check_tree(again, guard_calls=True)
     _check_cte_names(again)
     for table in table_references(again):
         if table.db or table.catalog or table.name not in views:

@@ -224,6 +224,11 @@ BAD_REPORTS = [
     ("SELECT format_string('%d %d', id) AS f FROM {t}",
      "the report fails on its data: java.util.MissingFormatArgumentException: Format specifier '%d'"),
     ("SELECT concat('a', char(0), 'b') AS s FROM {t}", "a text value of the report holds a NUL character"),
+    # Found by a cold attack: repeat(x, 1000000000) exhausted the memory of the shared engine and stopped it.
+    ("SELECT repeat(customer, 1000000000) AS r FROM {t}", "the report fails on its data: [USER_RAISED_EXCEPTION] a "
+     "report may not build a text longer than 1,000,000 characters with repeat, space, lpad or rpad"),
+    ("SELECT lpad(customer, 2000000, 'x') AS r FROM {t}", "may not build a text longer than 1,000,000 characters"),
+    ("SELECT space(id * 100000) AS r FROM {t}", "may not build a text longer than 1,000,000 characters"),
 ]
 
 

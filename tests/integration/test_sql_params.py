@@ -15,7 +15,7 @@ from coldharbor.errors import ReportError
 from coldharbor.report_spec import ParamSpec, ParamValues
 
 HOSTILE_TEXT = ["it's", "back\\slash", "\\'", "'; SELECT 1; --", "\\u0027", "line\nbreak\ttab\r", "${env:HOME}",
-                ":other", "?", "🙂 日本", "", "\x00nul", "%_", "a' || 'b", "\\\\'"]
+                ":other", "?", "🙂 日本", "", "\x01\x7fctl", "%_", "a' || 'b", "\\\\'"]
 VALUES = [
     ("int", "7"), ("int", "-2147483648"), ("int", "2147483647"),
     ("bigint", "5"), ("bigint", "-9223372036854775808"), ("bigint", "9223372036854775807"),

@@ -27,7 +27,7 @@ from coldharbor.pg import JdbcTarget
 from coldharbor.registry import RegisteredTable
 from coldharbor.report_runs import RunRecord
 from coldharbor.report_spec import ParamValues, ReportSpec
-from coldharbor.spark import local_checkpoint
+from coldharbor.spark import data_error, local_checkpoint
 from coldharbor.sql_feeds import FeedPoint
 from coldharbor.unified import cold_live, table_contract, unified_rows
 
@@ -155,7 +155,7 @@ def write_result(result: DataFrame, config: ServeConfig, conn: psycopg.Connectio
     except ColdharborError:
         raise
     except Exception as exc:
-        if lake.files_gone(exc):
+        if lake.files_gone(exc) and data_error(exc) is None:  # a value quoted in a data error may read "does not exist"
             raise LakeUnavailableError(f"files of a pinned lake version are gone (removed by VACUUM, or the lake "
                                        f"moved): {lake.jvm_message(exc)}; nothing was written") from exc
         raise

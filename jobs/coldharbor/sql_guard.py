@@ -98,13 +98,20 @@ def parse_query(text: str) -> ParsedQuery:
 
 def _check_parameter_columns(tree: exp.Query) -> None:
     """A select-list item that uses a parameter has a name of its own (AS): Spark would name it
-    after the bound value, so the report's columns would change with the values it is run with."""
+    after the bound value, so the report's columns would change with the values it is run with.
+    So does one that builds a text with repeat, space, lpad or rpad: Spark would name it after the
+    bound the guard adds (_bound_sizes)."""
     for select in tree.find_all(exp.Select):
         for item in select.expressions:
-            marker = item.find(exp.Placeholder) if not isinstance(item, exp.Alias) else None
+            if isinstance(item, exp.Alias):
+                continue
+            marker = item.find(exp.Placeholder)
             if marker is not None:
                 raise ReportError(f"name the column that uses parameter :{marker.name} ({snippet(item)}): "
                                   f"write it with AS, e.g. {snippet(item)} AS {marker.name}")
+            if any(call.name.lower() in BOUNDED_CALLS for call in item.find_all(exp.Anonymous)):
+                raise ReportError(f"name the column {snippet(item)}: write it with AS (a text built with repeat, "
+                                  "space, lpad or rpad is bounded in the SQL Spark runs, which would name it)")
 
 
 def resolve(parsed: ParsedQuery, registered: Iterable[RegisteredTable]) -> CheckedQuery:
@@ -146,6 +153,7 @@ def _resolve(parsed: ParsedQuery, registered: Iterable[RegisteredTable]) -> Chec
 # value past it could exhaust the memory of the Spark engine every report shares (found by a cold
 # attack: repeat(x, 1000000000) stopped the warm engine). Beyond it the run fails in one line.
 MAX_BUILT_TEXT = 1_000_000
+BOUNDED_CALLS = frozenset({"repeat", "space", "lpad", "rpad"})
 _TOO_LONG = f"a report may not build a text longer than {MAX_BUILT_TEXT:,} characters with repeat, space, lpad or rpad"
 
 
@@ -157,8 +165,9 @@ def _bound_sizes(tree: exp.Query) -> None:
                       true=exp.Anonymous(this="raise_error", expressions=[exp.Literal.string(_TOO_LONG)]),
                       false=size)
 
-    for node in list(tree.find_all(exp.Anonymous)):
-        name, args = str(node.this).lower(), node.expressions
+    # Innermost calls first: a call in another one's arguments is bounded before they are copied.
+    for node in reversed(list(tree.find_all(exp.Anonymous, bfs=False))):
+        name, args = node.name.lower(), node.expressions
         if name == "repeat" and len(args) == 2:  # its length: times * length(text), in 64 bits
             total = exp.Mul(this=exp.Cast(this=args[1].copy(), to=exp.DataType.build("BIGINT")),
                             expression=exp.Anonymous(this="length", expressions=[args[0].copy()]))

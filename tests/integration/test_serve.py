@@ -229,6 +229,13 @@ BAD_REPORTS = [
      "report may not build a text longer than 1,000,000 characters with repeat, space, lpad or rpad"),
     ("SELECT lpad(customer, 2000000, 'x') AS r FROM {t}", "may not build a text longer than 1,000,000 characters"),
     ("SELECT space(id * 100000) AS r FROM {t}", "may not build a text longer than 1,000,000 characters"),
+    # Found by a review: a quoted name and a call nested in another's arguments escaped the bound;
+    # an unnamed column would be named after the bound; a value reading "does not exist" is data.
+    ("SELECT `repeat`(customer, 1000000000) AS r FROM {t}", "may not build a text longer than 1,000,000"),
+    ("SELECT lpad('a', length(repeat(customer, 1000000000))) AS r FROM {t}", "may not build a text longer than"),
+    ("SELECT lpad(customer, 8, '0') FROM {t}", "name the column LPAD(customer, 8, '0'): write it with AS"),
+    ("SELECT CAST(concat(customer, ' does not exist') AS INT) AS n FROM {t}",
+     "the report fails on its data: [CAST_INVALID_INPUT] The value 'c1 does not exist'"),
 ]
 
 

@@ -214,26 +214,10 @@ def parse_param(text: str) -> ParamSpec:
     if decimal and not (1 <= int(decimal[1]) <= MAX_DECIMAL_PRECISION and 0 <= int(decimal[2]) <= int(decimal[1])):
         raise ReportError(f"parameter {name}: type {type_!r} is not a decimal Spark holds: decimal(p,s) takes "
                           f"1 <= p <= {MAX_DECIMAL_PRECISION} digits, s of them after the point")
-    if not _usable_marker(name):
-        raise ReportError(f"parameter {name}: :{name} cannot stand in SQL as a parameter (it is a keyword there): "
-                          "choose another name")
     spec = ParamSpec(name, type_, default)
     if default is not None:
         spec.parse(default)
     return spec
-
-
-def _usable_marker(name: str) -> bool:
-    """Whether `:name` reads as a parameter marker where a value stands (`:from` does not)."""
-    import sqlglot
-    from sqlglot import exp
-    from sqlglot.errors import SqlglotError
-
-    try:
-        tree = sqlglot.parse_one(f"SELECT 1 AS x WHERE 1 = :{name}", read="spark")
-    except SqlglotError:
-        return False
-    return any(marker.this == name for marker in tree.find_all(exp.Placeholder))
 
 
 def parse_report(text: str, default_name: str, source: str | None = None) -> ReportSpec:

@@ -62,6 +62,10 @@ def validate_report(report: ReportSpec, registered: Sequence[RegisteredTable] | 
     """Step 1, with no JVM: the report's SQL on the allow-list with declared parameters, resolved
     against the registry when it is at hand (PostgreSQL); without it (best effort, PostgreSQL
     unreachable) the allow-listed query, whose tables are resolved once the lake's copy is read."""
+    for param in report.params:  # before the SQL, which such a marker would only make fail to parse
+        if not sql_guard.usable_marker(param.name):
+            raise ReportError(f"parameter {param.name}: :{param.name} cannot stand in SQL as a parameter (it is a "
+                              "keyword there): choose another name")
     parsed = sql_guard.parse_query(report.sql)
     check_parameters(parsed.parameters, report)
     return parsed if registered is None else sql_guard.resolve(parsed, registered)

@@ -81,6 +81,15 @@ def check_query(text: str, registered: Iterable[RegisteredTable]) -> CheckedQuer
     return resolve(parse_query(text), registered)
 
 
+def usable_marker(name: str) -> bool:
+    """Whether `:name` reads as a parameter marker where a value stands (`:from` does not)."""
+    try:
+        tree = sqlglot.parse_one(f"SELECT 1 AS x WHERE 1 = :{name}", read=DIALECT)
+    except SqlglotError:
+        return False
+    return any(marker.this == name for marker in tree.find_all(exp.Placeholder))
+
+
 def parse_query(text: str) -> ParsedQuery:
     """The report's one SELECT, checked against the allow-list; ReportError naming what is not."""
     try:

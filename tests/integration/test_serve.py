@@ -204,6 +204,7 @@ BAD_REPORTS = [
     ("SELECT * FROM no_such_table", "not a registered table"),
     ("-- param: n int\nSELECT * FROM {t} WHERE id < :n", "needs a value for parameter n"),
     ("SELECT * FROM {t} WHERE id < :undeclared", "declares no such parameter"),
+    ("-- param: from int = 1\nSELECT * FROM {t} WHERE id < :from", "parameter from: :from cannot stand in SQL"),
     # Found by a cold attack: "an error no check foresaw" (Spark's JDBC writer has no type for them).
     ("SELECT named_struct('a', id) AS s FROM {t}", "column 's' of the report is struct<a:bigint>, which a PostgreSQL"),
     ("SELECT map('k', id) AS `m\n` FROM {t}", "column 'm\\n' of the report is map<string,bigint>"),

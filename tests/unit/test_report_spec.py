@@ -81,7 +81,6 @@ def test_parameter_values_take_one_plain_form(type_, raw, value):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("-- param: from int\nSELECT 1", "parameter from: :from cannot stand in SQL as a parameter"),
     ("-- report: r\n-- a plain comment\n-- param: n int\nSELECT 1", "the header line '-- param:' stands after"),
     ("-- param: s string = a\x00b\nSELECT 1", "parameter s: the value holds a NUL character"),
     ("-- param: n decimal(50,0)\nSELECT 1", "type 'decimal\\(50,0\\)' is not a decimal Spark holds"),

@@ -12,7 +12,7 @@ export SPARK_LOCAL_IP  ?= 127.0.0.1
 export COLDHARBOR_IVY_DIR ?= $(DATA)/ivy
 
 SPARK_SUBMIT = $(BIN)/spark-submit --master local[2] \
-	--packages $$($(BIN)/python -c 'from coldharbor.spark import maven_packages; print(",".join(maven_packages()))') \
+	--packages $$($(BIN)/python -c 'from coldharbor.runtime.spark import maven_packages; print(",".join(maven_packages()))') \
 	--conf spark.jars.ivy=$(COLDHARBOR_IVY_DIR) --conf spark.ui.enabled=false
 
 .PHONY: run test setup browser compose-client minio stop export compact cleanup changes bench consistency clean
@@ -21,7 +21,7 @@ SPARK_SUBMIT = $(BIN)/spark-submit --master local[2] \
 MINIO_MODULE := github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c
 
 run: setup                         ## the service on its embedded defaults: PostgreSQL, a live demo table, Airflow
-	$(BIN)/python -m coldharbor.service start
+	$(BIN)/python -m coldharbor.embedded.service start
 
 test: setup browser compose-client minio  ## the whole test suite against real PostgreSQL and Spark + Delta
 	$(BIN)/python -m pytest
@@ -46,7 +46,7 @@ bench: setup                       ## every benchmark, one table of ratios
 	$(BIN)/python -m bench.run_all
 
 stop:                              ## stop every process `make run` started (by process group)
-	-$(BIN)/python -m coldharbor.service stop
+	-$(BIN)/python -m coldharbor.embedded.service stop
 
 setup: $(VENV)/.installed $(DATA)/ivy/.fetched
 
@@ -79,7 +79,7 @@ $(VENV)/.installed: requirements.txt
 
 $(DATA)/ivy/.fetched: $(VENV)/.installed
 	mkdir -p $(DATA)
-	$(BIN)/python -m coldharbor.stack fetch-jars
+	$(BIN)/python -m coldharbor.embedded.stack fetch-jars
 	touch $@
 
 clean: stop

@@ -22,11 +22,12 @@ import tempfile
 import time
 
 from bench.common import Row, median, render, temporary_postgres, timed
-from coldharbor import changes, pg
+from coldharbor.runtime import pg
+from coldharbor.serve import changes
 
 
 def run(rows: int = 1_000_000, change_count: int = 100_000, runs: int = 3) -> list[Row]:
-    from coldharbor import export as export_job
+    from coldharbor.export import export_job as export_job
 
     third = change_count // 3
     with temporary_postgres() as dsn, pg.connect(dsn) as conn, tempfile.TemporaryDirectory() as lake_root:

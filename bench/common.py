@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from coldharbor.stack import throwaway_server
+from coldharbor.embedded.stack import throwaway_server
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Coldharbor runs it, side by side in one run on one PostgreSQL and one lake:
 - spark-submit: a JVM of its own per run (`spark_default` a classic master), as the DAGs ran
   every job before the Connect engine;
 - Connect: the job's `main(argv)` in this process as a thin client of one long-lived Spark Connect
-  server (`python -m coldharbor.engine serve`, as `make run` starts it), the way the Airflow
+  server (`python -m coldharbor.runtime.engine serve`, as `make run` starts it), the way the Airflow
   operator runs it in the worker; and, for the small figures, the same job as a fresh Python
   process (`python jobs/x.py` with COLDHARBOR_SPARK_REMOTE), which adds the client's imports.
 
@@ -32,9 +32,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.common import Row, median, render
-from coldharbor import engine, pg, service, settings
-from coldharbor.spark import ivy_dir, maven_packages, release_sessions
-from coldharbor.stack import free_port, throwaway_server
+from coldharbor.runtime import engine, pg, settings
+from coldharbor.embedded import service
+from coldharbor.runtime.spark import ivy_dir, maven_packages, release_sessions
+from coldharbor.embedded.stack import free_port, throwaway_server
 
 JOBS = settings.PROJECT_DIR / "jobs"
 BIN = Path(sys.executable).parent
@@ -98,11 +99,11 @@ def in_worker(job: str, argv: list[str], dsn: str, remote: str) -> float:
 
 @contextmanager
 def connect_server(log_file: Path) -> Iterator[tuple[str, int]]:
-    """A Spark Connect server as `make run` starts one (coldharbor.engine serve, local[2], loopback),
+    """A Spark Connect server as `make run` starts one (coldharbor.runtime.engine serve, local[2], loopback),
     on a free port, in a process group of its own; yields its URL and that group's id."""
     port = free_port()
     with open(log_file, "a") as out:
-        process = subprocess.Popen([sys.executable, "-m", "coldharbor.engine", "serve", "--port", str(port),
+        process = subprocess.Popen([sys.executable, "-m", "coldharbor.runtime.engine", "serve", "--port", str(port),
                                     "--master", "local[2]"], env={**service.engine_env(), "PYTHONPATH": str(JOBS)},
                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:

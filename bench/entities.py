@@ -17,8 +17,9 @@ import sys
 import tempfile
 
 from bench.common import Row, median, render, temporary_postgres, timed
-from coldharbor import pg, registry
-from coldharbor.export import ExportConfig, export_table
+from coldharbor.runtime import pg
+from coldharbor.capture import registry
+from coldharbor.export.export_job import ExportConfig, export_table
 
 # attribute -> (JSON Schema property, plain column type, SQL value of record g)
 ATTRIBUTES = {
@@ -121,7 +122,7 @@ def warm_up(spark, dsn: str) -> None:
 
 
 def run(records: int = 1_000_000, rounds: int = 2) -> list[Row]:
-    from coldharbor.spark import get_session
+    from coldharbor.runtime.spark import get_session
 
     times: dict[str, list[float]] = {"public.bench_plain": [], "entities.bench_entity": []}
     with temporary_postgres() as dsn:

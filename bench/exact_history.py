@@ -31,7 +31,7 @@ import threading
 import time
 from datetime import timedelta
 
-from coldharbor import pg
+from coldharbor.runtime import pg
 
 from bench.common import Row, median, render, temporary_postgres, timed
 from bench.write_path import FILL, TEN_COLUMNS, _bulk_rate, _single_row_rate
@@ -67,10 +67,10 @@ def capture_overhead(dsn: str, single_n: int, bulk_n: int, rounds: int) -> list[
 
 
 def export_throughput(dsn: str, lake_root: str, keys: int, per_key: int) -> list[Row]:
-    from coldharbor import export as export_job
-    from coldharbor.export import ExportConfig, export_table
-    from coldharbor.registry import load
-    from coldharbor.spark import get_session
+    from coldharbor.export import export_job as export_job
+    from coldharbor.export.export_job import ExportConfig, export_table
+    from coldharbor.capture.registry import load
+    from coldharbor.runtime.spark import get_session
 
     os.environ["COLDHARBOR_PG_DSN"] = dsn
     spark = get_session("coldharbor-bench-exact-history")
@@ -160,8 +160,8 @@ class BusyWriter(threading.Thread):
 
 
 def as_of_share(dsn: str, lake_root: str, minutes: float, instants: int = 20) -> list[Row]:
-    from coldharbor import export as export_job
-    from coldharbor import serve_cli
+    from coldharbor.export import export_job as export_job
+    from coldharbor.serve import serve_cli
 
     os.environ["COLDHARBOR_PG_DSN"] = dsn
     os.environ["COLDHARBOR_HISTORY_WINDOW_HOURS"] = str(max(2, int(minutes / 60) + 2))

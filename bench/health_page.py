@@ -25,7 +25,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from bench.common import Row, median, render, temporary_postgres, timed
-from coldharbor import pg
+from coldharbor.runtime import pg
 
 
 def build(dsn: str, tables: int, lake_root: str) -> None:
@@ -61,8 +61,8 @@ def page_seconds(repeats: int) -> float:
 
 
 def sample_seconds(dsn: str, repeats: int) -> float:
-    from coldharbor import registry
-    from coldharbor.export import TableResult, record_samples
+    from coldharbor.capture import registry
+    from coldharbor.export.export_job import TableResult, record_samples
 
     with pg.connect(dsn) as conn:
         tables = registry.load(conn)

@@ -30,8 +30,10 @@ import psycopg
 from psycopg import sql
 
 from bench.common import Row, median, render, temporary_postgres
-from coldharbor import incremental, pg, registry, serve_cli
-from coldharbor.export import ExportConfig, export_table
+from coldharbor.runtime import pg
+from coldharbor.capture import registry
+from coldharbor.serve import incremental, serve_cli
+from coldharbor.export.export_job import ExportConfig, export_table
 
 SUMS = ("SELECT grp, count(*) AS n, count(note) AS notes, sum(amount) AS total, avg(amount) AS mean "
         "FROM bench_inc WHERE flag GROUP BY grp")
@@ -78,7 +80,7 @@ def signed_rows_time(conn: psycopg.Connection, round_: int) -> float:
 
 
 def run(rows: int = 10_000_000, changed_share: float = 0.01, repeats: int = 3, groups: int = 100) -> list[Row]:
-    from coldharbor.spark import get_session
+    from coldharbor.runtime.spark import get_session
 
     spark = get_session("coldharbor-bench-incremental")
     changed = int(rows * changed_share)

@@ -23,8 +23,10 @@ import time
 import psycopg
 
 from bench.common import Row, render, temporary_postgres, timed
-from coldharbor import pg, registry, verify
-from coldharbor.export import ExportConfig, export_table
+from coldharbor.runtime import pg
+from coldharbor.capture import registry
+from coldharbor.maintenance import verify
+from coldharbor.export.export_job import ExportConfig, export_table
 
 COLUMNS = """id bigint PRIMARY KEY, customer integer NOT NULL, amount numeric(12,2) NOT NULL, price double precision,
              status text NOT NULL, note varchar(40), created date NOT NULL, updated timestamptz NOT NULL,
@@ -103,7 +105,7 @@ def warm_up(spark, dsn: str, lake_root: str) -> None:
 
 
 def run(rows: int = 10_000_000, seconds: float = 20.0) -> list[Row]:
-    from coldharbor.spark import get_session
+    from coldharbor.runtime.spark import get_session
 
     spark = get_session("coldharbor-bench-initial-load")
     with temporary_postgres() as dsn, tempfile.TemporaryDirectory(prefix="coldharbor-bench-lake-") as lake_root:

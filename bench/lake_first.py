@@ -66,8 +66,8 @@ def sampler(dsn: str, stop: threading.Event, sizes: list[tuple[float, int]]) -> 
 
 
 def run(minutes: float = 60, rate: int = 500, cycle: float = 60, initial: int = 100_000) -> list[Row]:
-    from coldharbor import export as export_job
-    from coldharbor.spark import get_session
+    from coldharbor.export import export_job as export_job
+    from coldharbor.runtime.spark import get_session
 
     spark = get_session("coldharbor-bench-lake-first")
     with temporary_postgres() as dsn, tempfile.TemporaryDirectory(prefix="coldharbor-bench-lake-") as lake_root:

@@ -30,8 +30,11 @@ import numpy as np
 import pyarrow as pa
 
 from bench.common import Row, median, render, temporary_postgres, timed
-from coldharbor import lake, pg, registry, serve_cli
-from coldharbor.compaction import CompactionConfig, compact_table
+from coldharbor.runtime import pg
+from coldharbor.capture import registry
+from coldharbor.lake import delta
+from coldharbor.serve import serve_cli
+from coldharbor.maintenance.compaction import CompactionConfig, compact_table
 
 DDL = "id bigint PRIMARY KEY, customer integer, amount numeric(12,2), status text"
 REPORT = "SELECT status, count(*) AS n, sum(amount) AS total, max(customer) AS c FROM {table} GROUP BY status"
@@ -96,7 +99,7 @@ def build_table(path: str, exports: int, rows_per_export: int, files_per_commit:
 
 
 def run(exports: int = 10_000, rows_per_export: int = 100, repeats: int = 3) -> list[Row]:
-    from coldharbor.spark import get_session
+    from coldharbor.runtime.spark import get_session
 
     spark = get_session("coldharbor-bench-maintenance")
     spark.sparkContext.setLogLevel("ERROR")
@@ -111,10 +114,10 @@ def run(exports: int = 10_000, rows_per_export: int = 100, repeats: int = 3) -> 
             [table] = registry.load(conn, "public.events_compacted")
             config = CompactionConfig(table=None, lake_root=lake_root, run_id=f"bench-{uuid.uuid4().hex[:8]}",
                                       target_file_bytes=TARGET_FILE_BYTES)
-            before = lake.snapshot(spark, compacted)
+            before = delta.snapshot(spark, compacted)
             outcome = {}
             compaction_seconds = timed(lambda: outcome.update(r=compact_table(spark, conn, table, config)))
-        after = lake.snapshot(spark, compacted)
+        after = delta.snapshot(spark, compacted)
         [part] = outcome["r"].partitions
 
         def report(name: str) -> float:

@@ -36,8 +36,10 @@ from datetime import datetime, timezone
 from psycopg import sql
 
 from bench.common import Row, median, render, temporary_postgres
-from coldharbor import pg, roles, settings, stack
-from coldharbor.spark import ivy_dir, maven_packages
+from coldharbor.runtime import pg, settings
+from coldharbor.capture import roles
+from coldharbor.embedded import stack
+from coldharbor.runtime.spark import ivy_dir, maven_packages
 
 
 def _spark_submit_export(dsn: str, lake_root: str) -> tuple[float, float]:

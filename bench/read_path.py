@@ -43,10 +43,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from bench.common import Row, median, render, temporary_postgres, timed
-from coldharbor import hot_snapshot, lake, pg, registry, serve, sql_guard
-from coldharbor.compaction import CompactionConfig, compact_table
-from coldharbor.lake_rows import NEWEST, SETTLED, latest_per_key
-from coldharbor.unified import cold_live
+from coldharbor.runtime import pg
+from coldharbor.capture import registry
+from coldharbor.lake import delta
+from coldharbor.serve import hot_snapshot, serve_job, sql_guard
+from coldharbor.maintenance.compaction import CompactionConfig, compact_table
+from coldharbor.lake.lake_rows import NEWEST, SETTLED, latest_per_key
+from coldharbor.lake.unified import cold_live
 
 TABLE = "bench_events"
 REPORTS = {
@@ -133,11 +136,11 @@ def build_hot_tier(dsn: str, rows: int, dirty: int) -> None:
 def spark_unified(spark, dsn, lake_root, sql) -> list:
     with pg.connect(dsn) as conn:
         checked = sql_guard.check_query(sql, registry.load(conn))
-        pinned = serve.pin_versions(spark, checked.tables, lake_root)
+        pinned = serve_job.pin_versions(spark, checked.tables, lake_root)
         snapshot = hot_snapshot.read(conn, pinned, checked.tables,
-                                     lake_batches=serve.lake_batch_ids(spark, checked.tables, lake_root))
-    serve.register_views(spark, snapshot, pinned, lake_root, None)
-    return serve.run_query(spark, checked, {}).collect()
+                                     lake_batches=serve_job.lake_batch_ids(spark, checked.tables, lake_root))
+    serve_job.register_views(spark, snapshot, pinned, lake_root, None)
+    return serve_job.run_query(spark, checked, {}).collect()
 
 
 def spark_cold_only(spark, dsn, lake_root, sql) -> list:
@@ -147,10 +150,10 @@ def spark_cold_only(spark, dsn, lake_root, sql) -> list:
         columns = registry.lake_columns(conn, checked.tables[0])
     [table] = checked.tables
     path = table.lake_path(lake_root)
-    version = lake.pin_version(spark, path)
-    view = lake.read_version(spark, path, version).transform(cold_live(columns, split=lake.settled_split(path, version)))
+    version = delta.pin_version(spark, path)
+    view = delta.read_version(spark, path, version).transform(cold_live(columns, split=delta.settled_split(path, version)))
     view.createOrReplaceTempView(sql_guard.view_name(table))
-    return serve.run_query(spark, checked, {}).collect()
+    return serve_job.run_query(spark, checked, {}).collect()
 
 
 # The lake's current rows as Spark's `lake_rows.current_rows` computes them, in DuckDB's SQL.
@@ -219,7 +222,7 @@ def build_shapes(spark: SparkSession, dsn: str, folder: str, rows: int, exports:
         # As the registration's exports leave it: the base and every export batch recorded.
         conn.execute("UPDATE coldharbor.tables SET load_state = 'loaded', last_batch_id = %s WHERE table_id = %s",
                      (exports + 2, registered.table_id))
-    app_id = lake.export_app_id(registered.table_id)
+    app_id = delta.export_app_id(registered.table_id)
     roots = {shape: f"{folder}/{i}" for i, shape in enumerate(SHAPES)}
     table = f"public/{TABLE}"
     build_lake(spark, f"{roots['single export']}/{table}", rows, app_id)
@@ -303,7 +306,7 @@ CANDIDATE_SETTINGS = {
 def run_settings(rows: int, dirty_fraction: float, repeats: int, exports: int, spark: SparkSession) -> list[Row]:
     """The unified reports on the base + exports shape under each candidate setting, interleaved
     with the defaults: median seconds and the ratio to the defaults (below 1: faster)."""
-    from coldharbor.spark import temporary_conf
+    from coldharbor.runtime.spark import temporary_conf
 
     results: list[Row] = []
     with temporary_postgres() as dsn, tempfile.TemporaryDirectory(prefix="coldharbor-lake-") as folder:
@@ -313,7 +316,7 @@ def run_settings(rows: int, dirty_fraction: float, repeats: int, exports: int, s
             conn.execute("UPDATE coldharbor.tables SET load_state = 'loaded', last_batch_id = %s WHERE table_id = %s",
                          (exports + 1, registered.table_id))
         path = f"{folder}/public/{TABLE}"
-        build_lake(spark, path, rows, lake.export_app_id(registered.table_id))
+        build_lake(spark, path, rows, delta.export_app_id(registered.table_id))
         add_exports(path, rows, exports)
         variants = {"defaults": {}, **CANDIDATE_SETTINGS}
         for name, sql in REPORTS.items():
@@ -342,7 +345,7 @@ def run_settings(rows: int, dirty_fraction: float, repeats: int, exports: int, s
 def on_warm_engine() -> Iterator[SparkSession]:
     """A session on a Spark Connect server as `make run` starts one (local[2], loopback)."""
     from bench.engine import connect_server
-    from coldharbor.spark import connect_session
+    from coldharbor.runtime.spark import connect_session
 
     with tempfile.TemporaryDirectory(prefix="coldharbor-bench-engine-") as folder, \
             connect_server(Path(folder) / "server.log") as (url, _):

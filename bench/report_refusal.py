@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 from bench.common import Row, median, render, temporary_postgres
-from coldharbor import pg, settings
-from coldharbor.errors import ReportError
-from coldharbor.report_spec import parse_report
-from coldharbor.spark import ivy_dir, maven_packages
-from coldharbor.sql_guard import check_query
+from coldharbor.runtime import pg, settings
+from coldharbor.runtime.errors import ReportError
+from coldharbor.serve.report_spec import parse_report
+from coldharbor.runtime.spark import ivy_dir, maven_packages
+from coldharbor.serve.sql_guard import check_query
 from tests.report_corpus import ORDERS, REGISTERED, create_tables, fill, hostile, legitimate
 
 HOSTILE_SQL = f"SELECT TRANSFORM(order_id) USING 'touch {{marker}}' AS (x) FROM {ORDERS}"

@@ -18,8 +18,9 @@ import sys
 from psycopg import sql
 
 from bench.common import Row, median, render, temporary_postgres, timed
-from coldharbor import pg, report_tables, sinks
-from coldharbor.report_spec import REPORTS_SCHEMA
+from coldharbor.runtime import pg
+from coldharbor.serve import report_tables, sinks
+from coldharbor.serve.report_spec import REPORTS_SCHEMA
 
 
 def report_result(spark, rows: int):
@@ -47,7 +48,7 @@ def size_mb(conn, target: str) -> float:
 
 
 def run(rows: int = 1_000_000, runs: int = 3) -> list[Row]:
-    from coldharbor.spark import get_session
+    from coldharbor.runtime.spark import get_session
 
     spark = get_session("coldharbor-bench-report-sink")
     result = report_result(spark, rows).cache()

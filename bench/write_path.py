@@ -16,9 +16,10 @@ import tempfile
 import psycopg
 
 from bench.common import Row, median, render, temporary_postgres, timed
-from coldharbor import pg, registry
-from coldharbor.export import ExportConfig, export_table
-from coldharbor.settings import PROJECT_DIR
+from coldharbor.runtime import pg
+from coldharbor.capture import registry
+from coldharbor.export.export_job import ExportConfig, export_table
+from coldharbor.runtime.settings import PROJECT_DIR
 
 TEN_COLUMNS = """id bigint PRIMARY KEY, customer text, amount numeric(12,2), qty integer, price double precision,
     status varchar(16), paid boolean, created date, updated_at timestamptz, note text"""
@@ -98,7 +99,7 @@ def capture_overhead(dsn: str, single_n: int, bulk_n: int, rounds: int) -> list[
 
 
 def run(rows: int = 1_000_000, single_n: int = 2_000, bulk_n: int = 100_000, rounds: int = 3) -> list[Row]:
-    from coldharbor.spark import get_session
+    from coldharbor.runtime.spark import get_session
 
     results: list[Row] = []
     with temporary_postgres() as dsn, tempfile.TemporaryDirectory(prefix="coldharbor-lake-") as lake_root:

@@ -1,8 +1,8 @@
-"""spark-submit entrypoint of purge; see `coldharbor.purge` (`--help` for options)."""
+"""spark-submit entrypoint of purge; see `coldharbor.maintenance.purge` (`--help` for options)."""
 
 import sys
 
-from coldharbor.purge import main
+from coldharbor.maintenance.purge import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

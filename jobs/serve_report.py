@@ -1,8 +1,8 @@
-"""spark-submit entrypoint: serve one report over the unified hot/cold view (see coldharbor.serve)."""
+"""spark-submit entrypoint: serve one report over the unified hot/cold view (see coldharbor.serve.serve_job)."""
 
 import sys
 
-from coldharbor.serve_cli import main
+from coldharbor.serve.serve_cli import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

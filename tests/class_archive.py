@@ -30,7 +30,7 @@ QUIET = "-Xlog:cds=off,cds+dynamic=off"
 
 def _key() -> str:
     import pyspark
-    from coldharbor.spark import maven_packages
+    from coldharbor.runtime.spark import maven_packages
 
     java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=True).stderr
     parts = [java, pyspark.__version__, ",".join(maven_packages()), sys.executable, Path(__file__).read_text()]
@@ -38,7 +38,7 @@ def _key() -> str:
 
 
 def archive_path() -> Path:
-    from coldharbor.spark import ivy_dir
+    from coldharbor.runtime.spark import ivy_dir
 
     return Path(ivy_dir()).parent / "class-archive" / f"{_key()}.jsa"
 
@@ -54,7 +54,7 @@ class Archive:
             self._start_writing(submit_opts)
 
     def _start_writing(self, submit_opts: str) -> None:
-        from coldharbor.spark import ivy_dir, maven_packages
+        from coldharbor.runtime.spark import ivy_dir, maven_packages
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._work = work = Path(tempfile.mkdtemp(prefix="class-archive-"))
@@ -96,7 +96,7 @@ class Archive:
 def _workload(lake: str) -> None:
     """What the jobs' JVMs do, on a few rows: a Delta write, MERGE, DELETE, reads with a window and
     an aggregate, OPTIMIZE, VACUUM, the log's history, Parquet, and a JDBC connection attempt."""
-    from coldharbor.spark import get_session
+    from coldharbor.runtime.spark import get_session
 
     spark = get_session("coldharbor-class-archive")
     spark.conf.set("spark.sql.runSQLOnFiles", "true")  # as the jobs do where they name a table by path

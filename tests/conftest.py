@@ -38,8 +38,9 @@ LONG_LIVED_SUBMIT_OPTS = " ".join(filter(None, [os.environ.get("SPARK_SUBMIT_OPT
                                                 "-Dspark.sql.codegen.factoryMode=NO_CODEGEN"]))
 os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [LONG_LIVED_SUBMIT_OPTS, "-XX:TieredStopAtLevel=1"]))
 
-from coldharbor import migrate, pg  # noqa: E402
-from coldharbor.stack import Logins, throwaway_server  # noqa: E402
+from coldharbor.runtime import pg
+from coldharbor.capture import migrate  # noqa: E402
+from coldharbor.embedded.stack import Logins, throwaway_server  # noqa: E402
 
 _class_archive = None  # tests/class_archive.py: written while the first tests run
 
@@ -145,7 +146,7 @@ def forget_registrations_of_dropped_tables(admin_dsn: str) -> None:
 @pytest.fixture(scope="session")
 def spark():
     os.environ.setdefault("COLDHARBOR_SPARK_MASTER", "local[2]")
-    from coldharbor.spark import get_session
+    from coldharbor.runtime.spark import get_session
 
     short_lived = os.environ["SPARK_SUBMIT_OPTS"]
     os.environ["SPARK_SUBMIT_OPTS"] = LONG_LIVED_SUBMIT_OPTS  # this JVM lives for the whole run
@@ -194,7 +195,7 @@ def on_connect(connect_server, monkeypatch) -> Iterator[str]:
     """For one test, get_session in this process opens sessions on the test's Connect server (the
     URL is yielded); they are released at the end, and PySpark's process-wide Connect mode (its
     functions build Connect columns) is switched off again for the classic tests after it."""
-    from coldharbor.spark import REMOTE_ENV, release_sessions
+    from coldharbor.runtime.spark import REMOTE_ENV, release_sessions
 
     monkeypatch.setenv(REMOTE_ENV, connect_server.url)
     monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")

@@ -1,5 +1,5 @@
 """A real Spark Connect server for the tests, started as docker-compose starts its engine
-(`python -m coldharbor.engine serve`, which runs coldharbor.spark.connect_server_command), and the
+(`python -m coldharbor.runtime.engine serve`, which runs coldharbor.runtime.spark.connect_server_command), and the
 jobs run as its thin clients."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from coldharbor.spark import REMOTE_ENV
+from coldharbor.runtime.spark import REMOTE_ENV
 
 PROJECT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300
@@ -53,7 +53,7 @@ def running_server(folder: Path, env: dict[str, str] | None = None) -> Iterator[
     port = free_port()
     log = folder / "server.log"
     with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "coldharbor.engine", "serve", "--port", str(port),
+        process = subprocess.Popen([sys.executable, "-m", "coldharbor.runtime.engine", "serve", "--port", str(port),
                                     "--master", "local[2]"], env={**server_env(), **(env or {})}, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     server = ConnectServer(f"sc://127.0.0.1:{port}", process, log)

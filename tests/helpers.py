@@ -14,9 +14,10 @@ from pathlib import Path
 
 import psycopg
 
-from coldharbor import faults, pg, registry, roles
-from coldharbor.export import ExportConfig, TableResult, export_table
-from coldharbor.lake_rows import live_rows
+from coldharbor.runtime import faults, pg
+from coldharbor.capture import registry, roles
+from coldharbor.export.export_job import ExportConfig, TableResult, export_table
+from coldharbor.lake.lake_rows import live_rows
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -99,7 +100,7 @@ def spark_submit(job: str, dsn: str, lake_root: str, *args: str, env: dict[str, 
     With `log_file` the job runs in the background writing there (a pipe nobody reads would fill
     up and stall it); otherwise it is waited for.
     """
-    from coldharbor.spark import ivy_dir, maven_packages
+    from coldharbor.runtime.spark import ivy_dir, maven_packages
 
     bin_dir = Path(sys.executable).parent
     full_env = {**os.environ, "COLDHARBOR_PG_DSN": dsn, "PATH": f"{bin_dir}:{os.environ['PATH']}",
@@ -130,7 +131,7 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 def serve_report(monkeypatch, dsn: str, lake_root: str, *args: str) -> int:
     """serve_report.py's main() in this process (it reuses the test session's SparkSession)."""
-    from coldharbor import serve_cli
+    from coldharbor.serve import serve_cli
 
     monkeypatch.setenv("COLDHARBOR_PG_DSN", dsn)
     return serve_cli.main(["--lake-root", lake_root, *args])
@@ -146,7 +147,7 @@ def report_run(conn: psycopg.Connection, run_id: str) -> dict:
 def server_with_orders(folder: Path, rows: int, **server_settings: str) -> Iterator[tuple]:
     """(server, the jobs' DSN) of a PostgreSQL of the test's own (to stop, restart, or start with
     other settings) holding public.orders (id bigint key, v text) registered, with `rows` rows."""
-    from coldharbor.stack import throwaway
+    from coldharbor.embedded.stack import throwaway
 
     with throwaway(folder, **server_settings) as (server, logins):
         with pg.connect(logins.admin) as conn:

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from coldharbor.registry import RegisteredTable
+from coldharbor.capture.registry import RegisteredTable
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 ORDERS, CUSTOMERS, ITEMS = "sb_orders", "sb_customers", "sb_order_items"

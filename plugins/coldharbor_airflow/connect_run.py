@@ -30,7 +30,7 @@ from coldharbor_airflow.paths import JOBS_DIR, import_jobs_package
 # its Spark Connect server's connection); without it, `spark_default`.
 SPARK_CONN_VARIABLE = "coldharbor_spark_conn_id"
 DEFAULT_SPARK_CONN_ID = "spark_default"
-# What a job's get_session connects to when it is set (jobs/coldharbor/spark.py).
+# What a job's get_session connects to when it is set (jobs/coldharbor/runtime/spark.py).
 SPARK_REMOTE_ENV = "COLDHARBOR_SPARK_REMOTE"
 DEFAULT_CONNECT_PORT = 15002
 

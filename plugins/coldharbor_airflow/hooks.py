@@ -63,7 +63,7 @@ class ColdharborHook(BaseHook):
         from coldharbor_airflow.paths import import_jobs_package
 
         import_jobs_package()
-        from coldharbor.pg import JDBC_PROPERTIES
+        from coldharbor.runtime.pg import JDBC_PROPERTIES
 
         libpq_keywords = {d.keyword.decode() for d in psycopg.pq.Conninfo.get_defaults()}
         refused = sorted(k for k in extra if k in libpq_keywords and k not in JDBC_PROPERTIES)

@@ -86,8 +86,9 @@ def job_lineage(job: str, argv: Sequence[str], dsn: str, lake_root: str) -> Oper
     """The datasets one run of `job` with `argv` reads and writes, from the registry (and, for a
     report, its checked SQL): a report that would be refused names no dataset."""
     import_jobs_package()
-    from coldharbor import pg, registry
-    from coldharbor.errors import ColdharborError
+    from coldharbor.runtime import pg
+    from coldharbor.capture import registry
+    from coldharbor.runtime.errors import ColdharborError
 
     with pg.connect(dsn) as conn:
         if job == "serve_report.py":
@@ -120,7 +121,7 @@ def job_lineage(job: str, argv: Sequence[str], dsn: str, lake_root: str) -> Oper
 
 def _tables(conn, argv: Sequence[str]):
     """The tables a job's --table arguments name, else every registered table present."""
-    from coldharbor import registry
+    from coldharbor.capture import registry
 
     named = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--table"]
     if named:
@@ -129,10 +130,10 @@ def _tables(conn, argv: Sequence[str]):
 
 
 def _report(conn, argv: Sequence[str], dsn: str, lake_root: str) -> OperatorLineage:
-    from coldharbor import registry
-    from coldharbor.errors import ColdharborError
-    from coldharbor.serve import validate_report
-    from coldharbor.serve_cli import build_config, build_parser
+    from coldharbor.capture import registry
+    from coldharbor.runtime.errors import ColdharborError
+    from coldharbor.serve.serve_job import validate_report
+    from coldharbor.serve.serve_cli import build_config, build_parser
 
     if "--lake-root" not in argv:  # the operator's lake root (its argument, the Variable, the environment)
         argv = [*argv, "--lake-root", lake_root]
@@ -155,8 +156,8 @@ def _report(conn, argv: Sequence[str], dsn: str, lake_root: str) -> OperatorLine
 
 
 def _report_output(dsn: str, lake_root: str, target: str | None, sink: str) -> Dataset:
-    from coldharbor import sinks
-    from coldharbor.report_spec import REPORTS_SCHEMA, target_name
+    from coldharbor.serve import sinks
+    from coldharbor.serve.report_spec import REPORTS_SCHEMA, target_name
 
     name = target_name(target or "")
     if sink == "delta":

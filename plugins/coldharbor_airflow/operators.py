@@ -138,7 +138,7 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
         would be refused the same way (the report, its arguments or its tables are what is wrong),
         so the task fails without one."""
         import_jobs_package()
-        from coldharbor.serve_cli import refusal
+        from coldharbor.serve.serve_cli import refusal
 
         lake_root = resolve_lake_root(self.lake_root)
         message = refusal([*self.job_args, "--lake-root", lake_root], ColdharborHook(self.coldharbor_conn_id).dsn())
@@ -177,7 +177,7 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
             self._hook = None
 
     def _apply(self, delivery: DsnDelivery, spark_conn: Connection, lake_root: str, folder: Path) -> None:
-        from coldharbor.spark import ivy_dir, jvm_environment, maven_packages
+        from coldharbor.runtime.spark import ivy_dir, jvm_environment, maven_packages
 
         bin_dir = str(Path(sys.executable).parent)  # spark-submit of this environment comes first
         self.application_args = [*self.job_args, "--lake-root", lake_root]
@@ -283,9 +283,12 @@ def check_master_reachable(master: str, timeout_s: float = 5.0) -> None:
 
 
 def package_zip(folder: Path) -> str:
-    """jobs/coldharbor zipped for --py-files (executors of a real cluster import it from there)."""
+    """jobs/coldharbor zipped for --py-files (executors of a real cluster import it from there),
+    without the embedded service (coldharbor/embedded: set-up of one machine, never run by a job)."""
     target = folder / "coldharbor.zip"
+    package = JOBS_DIR / "coldharbor"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted((JOBS_DIR / "coldharbor").rglob("*.py")):
-            archive.write(path, path.relative_to(JOBS_DIR))
+        for path in sorted(package.rglob("*.py")):
+            if path.relative_to(package).parts[0] != "embedded":
+                archive.write(path, path.relative_to(JOBS_DIR))
     return str(target)

@@ -43,7 +43,7 @@ def report_catalog() -> ReportCatalog:
     database) and its schedule with Airflow's cron rules: a bad file is an error of that file only."""
     if str(JOBS_DIR) not in sys.path:
         sys.path.insert(0, str(JOBS_DIR))
-    from coldharbor.report_spec import read_report_files
+    from coldharbor.serve.report_spec import read_report_files
 
     files = read_report_files(REPORTS_DIR)
     specs, errors = [], dict(files.errors)

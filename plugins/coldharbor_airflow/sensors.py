@@ -41,7 +41,7 @@ class LakeCoversAsOfSensor(BaseSensorOperator):
 
     def poke(self, context: Any) -> bool:
         import_jobs_package()
-        from coldharbor.serve_cli import waiting_for
+        from coldharbor.serve.serve_cli import waiting_for
 
         if not isinstance(self.job_args, list):  # a template that rendered to text, not to a list
             raise AirflowException(f"wait_for_lake needs the serve task's arguments as a list, got "

@@ -34,7 +34,10 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from coldharbor import cleanup, compaction, lake_store, pg, purge, registry
+from coldharbor.runtime import pg
+from coldharbor.capture import registry
+from coldharbor.lake import lake_store
+from coldharbor.maintenance import cleanup, compaction, purge
 from tests.connect_server import run_job
 from tests.consistency.model import Model
 from tests.helpers import export, lake_live, spark_submit
@@ -372,10 +375,10 @@ class Run:
 
     def lake_live(self) -> dict[int, str]:
         """The lake's newest live value per key (none before the first commit)."""
-        from coldharbor import lake
+        from coldharbor.lake import delta
 
         path = self.lake_path()
-        if lake.pin_version(self.spark, path) is None:
+        if delta.pin_version(self.spark, path) is None:
             return {}
         return {key: row["v"] for (key,), row in lake_live(self.spark, self.lake_root, self.table, ["id"]).items()}
 
@@ -469,11 +472,11 @@ class Run:
 
     def ensure_small_files(self, count: int) -> None:
         """At least `count` lake files (each export adds one or more)."""
-        from coldharbor import lake
+        from coldharbor.lake import delta
 
         path = self.lake_path()
         while True:
-            snap = lake.snapshot(self.spark, path)
+            snap = delta.snapshot(self.spark, path)
             if snap is not None and len(snap.files) >= count:
                 return
             self.committed_write("insert" if self.free_keys() else "update")
@@ -482,7 +485,7 @@ class Run:
     # -- reports --------------------------------------------------------------------------------
 
     def serve(self, *extra: str) -> tuple[int, str]:
-        from coldharbor import serve_cli
+        from coldharbor.serve import serve_cli
 
         run_id = f"cs-{uuid.uuid4().hex[:12]}"
         code = serve_cli.main(["--lake-root", self.lake_root, "--sql", f"SELECT id, v FROM {self.table}",
@@ -515,7 +518,7 @@ class Run:
 
     def compare_incremental(self, index: int) -> None:
         """The incremental report, refreshed now, against the same SQL recomputed in full."""
-        from coldharbor import serve_cli
+        from coldharbor.serve import serve_cli
 
         run_id = f"cs-inc-{uuid.uuid4().hex[:12]}"
         code = serve_cli.main(["--lake-root", self.lake_root, "--report", self.incremental_report, "--run-id", run_id])

@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     time.tzset()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("COLDHARBOR_SPARK_MASTER", "local[2]")
-    from coldharbor.stack import throwaway_server
+    from coldharbor.embedded.stack import throwaway_server
     from tests.consistency.harness import CRASH_POINTS, LOAD_POINTS, CrashPointNotReached, OrphanNotSettled, \
         run_sequence
 
@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
 def _session(engine: str, folder: Path, stack: ExitStack):
     """(the harness's Spark session, the Connect server's URL or None): a classic session, or a
     Spark Connect server started for the run (stopped at its end) and a session on it."""
-    from coldharbor.spark import REMOTE_ENV, connect_session, get_session
+    from coldharbor.runtime.spark import REMOTE_ENV, connect_session, get_session
 
     if engine == "spark-submit":
         spark = get_session("coldharbor-consistency")

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import time
 
-from coldharbor import lake_store, registry
+from coldharbor.capture import registry
+from coldharbor.lake import lake_store
 from tests.connect_server import run_job
 from tests.consistency.test_connect_server_kill import REGIONS, assert_converged, change, make_table, ok
 from tests.helpers import wait_until_paused

@@ -14,10 +14,11 @@ import signal
 import uuid
 from pathlib import Path
 
-from coldharbor import lake, registry
+from coldharbor.capture import registry
+from coldharbor.lake import delta
 from tests.connect_server import run_job, running_server, start_job
 from tests.helpers import dirty_ids, lake_live, lake_table, pg_rows, wait_until_paused
-from tests.integration.test_connect_sessions import one_error_line
+from tests.integration.runtime.test_connect_sessions import one_error_line
 
 # Hostile text and a composite key of text and bigint: the rows must come back byte for byte.
 NOTES = ["'; DROP TABLE x; --", "line\nbreak", "back\\slash", "🙂 emoji", "${env:HOME}", "", None]
@@ -91,7 +92,7 @@ def assert_converged(spark, conn, name: str, lake_root: str) -> None:
                            "WHERE table_id = %s AND state = 'flushed' AND kind = 'changes'", (table.table_id,)).fetchall()
     assert flushed
     missing = [b for b, token in flushed
-               if lake.find_batch_commit(spark, path, lake.export_app_id(table.table_id), b, token, name) is None]
+               if delta.find_batch_commit(spark, path, delta.export_app_id(table.table_id), b, token, name) is None]
     assert missing == []
 
 
@@ -118,16 +119,16 @@ def test_a_server_killed_in_the_middle_of_a_compaction(connect_url, connect_spar
         ok(run_job("cdc_export.py", connect_url, pg_dsn, lake_root, "--table", table_name))
         change(pg_conn, table_name, round_)
     path = f"{lake_root}/public/{table_name}"
-    version = lake.pin_version(connect_spark, path)
+    version = delta.pin_version(connect_spark, path)
     compact = ("--table", table_name, "--min-small-files", "2", "--target-file-mb", "1")
 
     output = killed_midway("compact.py", "compact_during_write", tmp_path / "compact", pg_dsn, lake_root, *compact)
     assert LOST in one_error_line(output)
-    assert lake.pin_version(connect_spark, path) == version, "nothing committed"
+    assert delta.pin_version(connect_spark, path) == version, "nothing committed"
 
     ok(run_job("compact.py", connect_url, pg_dsn, lake_root, *compact))
     assert [r.operation for r in connect_spark.sql(f"DESCRIBE HISTORY '{path}' LIMIT 1").collect()] == ["WRITE"]
-    assert lake.pin_version(connect_spark, path) > version, "the next compaction rewrote the files"
+    assert delta.pin_version(connect_spark, path) > version, "the next compaction rewrote the files"
     ok(run_job("cdc_export.py", connect_url, pg_dsn, lake_root, "--table", table_name))
     assert_converged(connect_spark, pg_conn, table_name, lake_root)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from coldharbor import pg
-from coldharbor.stack import free_port, throwaway_server
+from coldharbor.runtime import pg
+from coldharbor.embedded.stack import free_port, throwaway_server
 from tests.helpers import PROJECT, connect_session, dirty_ids, lake_live, pg_rows
 
 HOSTILE = "it's \"quoted\"; DROP TABLE x; -- ünïcødé ${env:HOME} {{ params }}"
@@ -46,7 +46,7 @@ def test_the_spark_connections_type_decides_how_the_export_is_mapped(airflow_hom
 
 def test_a_jobs_main_runs_here_as_a_client_of_the_server_and_leaves_nothing_behind(airflow_home, connect_url,
                                                                                    pg_dsn, tmp_path):
-    from coldharbor import settings
+    from coldharbor.runtime import settings
     from coldharbor_airflow.connect_run import run_as_connect_client
 
     lake = str(tmp_path / "probe")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PROJECT = Path(__file__).resolve().parents[2]
-# The report headers are read with coldharbor.report_spec (pure Python); nothing else of the jobs.
+# The report headers are read with coldharbor.serve.report_spec (pure Python); nothing else of the jobs.
 HEAVY = ("pyspark", "psycopg", "pandas", "delta", "pyarrow", "sqlglot")
 
 

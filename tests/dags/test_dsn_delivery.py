@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import stat
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -109,6 +110,10 @@ def test_a_kubernetes_cluster_driver_reads_a_kubernetes_secret(job_connections, 
     with built_submit() as (command, env, conf):
         run_folder = Path(command[command.index("--py-files") + 1]).parent
         assert sorted(p.name for p in run_folder.iterdir()) == ["coldharbor.zip"]  # no DSN file is written
+        with zipfile.ZipFile(run_folder / "coldharbor.zip") as shipped:
+            names = shipped.namelist()
+        assert "coldharbor/export/export_job.py" in names and "coldharbor/runtime/job_main.py" in names
+        assert [n for n in names if n.startswith("coldharbor/embedded/")] == []  # the embedded service stays here
     settings = confs(command)
     assert settings["spark.kubernetes.driver.secretKeyRef.COLDHARBOR_PG_DSN"] == "coldharbor-pg:dsn"  # a name
     assert not any(DSN_FILE_ENV in key for key in settings)

@@ -11,7 +11,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from coldharbor import pg
+from coldharbor.runtime import pg
 from tests.helpers import PROJECT, export
 
 
@@ -98,7 +98,7 @@ def test_an_initial_load_that_keeps_failing_breaks_the_promise_though_nothing_ch
     pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, d date)")
     pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, '2026-01-01'), (2, 'infinity')")
     pg_conn.execute("SELECT coldharbor.register_table(%s, p_freshness => '1 second')", (table_name,))
-    from coldharbor.errors import UnrepresentableValueError
+    from coldharbor.runtime.errors import UnrepresentableValueError
 
     with pytest.raises(UnrepresentableValueError, match="infinity"):  # the load is refused, at every export
         export(spark, pg_dsn, table_name, lake_root)

@@ -181,7 +181,7 @@ def test_the_page_shows_each_tables_initial_load_and_last_verify(airflow_home, s
     hand and verified out of sync (the sample keys stay in the task log, not on the page)."""
     from delta.tables import DeltaTable
 
-    from coldharbor import verify
+    from coldharbor.maintenance import verify
     from coldharbor_airflow import health_page
 
     lake_root = str(tmp_path / "lake")
@@ -370,7 +370,7 @@ def test_the_metrics_say_which_tier_is_down_without_a_path(airflow_home, spark, 
     reasons go to the server's log, not the metrics."""
     from psycopg.conninfo import conninfo_to_dict
 
-    from coldharbor import pg
+    from coldharbor.runtime import pg
     from coldharbor_airflow import metrics
 
     admin_dsn, jobs_dsn = own_database
@@ -410,7 +410,7 @@ def test_a_lagging_and_a_failing_table_are_red_with_their_rule_charts_and_links(
         airflow_web, pg_dsn, pg_conn, table_name, tmp_path, monkeypatch):
     """In Chromium, with health samples the export job itself wrote: a table past its freshness
     promise and one whose last export failed (a value the lake cannot hold), beside a healthy one."""
-    from coldharbor import export as export_job
+    from coldharbor.export import export_job as export_job
 
     base, _, lake_root = airflow_web
     monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
@@ -450,7 +450,7 @@ def test_a_lagging_and_a_failing_table_are_red_with_their_rule_charts_and_links(
 def test_a_lake_first_tables_landing_backlog_is_on_the_page_and_in_the_metrics(
         airflow_home, spark, pg_dsn, pg_conn, table_name, tmp_path, monkeypatch):
     lake_root = str(tmp_path / "lake")
-    from coldharbor import export
+    from coldharbor.export import export_job
     from coldharbor_airflow import health_page, metrics
 
     monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", lake_root)
@@ -462,7 +462,7 @@ def test_a_lake_first_tables_landing_backlog_is_on_the_page_and_in_the_metrics(
         pg_conn.execute(f"INSERT INTO {name} SELECT g, 'v' FROM generate_series(1, 1234) g")
     assert table_cells(health_page.build_page(), first)[-3] == "lake-first: 1,234 rows landing"
     assert table_cells(health_page.build_page(), mirror)[-3] == "mirror: every row"
-    assert export.main(["--lake-root", lake_root, "--table", first]) == 0
+    assert export_job.main(["--lake-root", lake_root, "--table", first]) == 0
     pg_conn.execute(f"INSERT INTO {first} VALUES (5000, 'late')")
     assert table_cells(health_page.build_page(), first)[-3] == "lake-first: 1 rows landing"
     text = metrics.build().decode()

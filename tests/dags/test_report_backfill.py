@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 import psycopg
-from coldharbor import pg
+from coldharbor.runtime import pg
 
 from tests.consistency.model import Model
 from tests.dags.airflow_api import free_port, stop_group

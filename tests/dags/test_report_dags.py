@@ -27,7 +27,7 @@ def dagbag():
 
 def use_reports(monkeypatch, folder):
     """Point the DAG file and the jobs at a folder of report files."""
-    import coldharbor.settings as job_settings
+    import coldharbor.runtime.settings as job_settings
     import coldharbor_airflow.paths as paths
     import coldharbor_airflow.reports as report_module
 

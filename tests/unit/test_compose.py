@@ -119,7 +119,7 @@ def test_the_superuser_password_reaches_set_up_only(stack):
     assert pg["login"] == "coldharbor_pipeline" and "COLDHARBOR_PIPELINE_PASSWORD" in pg["password"]
     assert services["workload"]["environment"]["COLDHARBOR_PG_DSN"].startswith("postgresql://coldharbor_demo:")
     init = services["airflow-init"]["command"][0]
-    assert "python -m coldharbor.migrate" in init and "python -m coldharbor.stack demo" in init
+    assert "python -m coldharbor.capture.migrate" in init and "python -m coldharbor.embedded.stack demo" in init
 
 
 def test_hadoop_aws_matches_the_hadoop_client_pyspark_ships(stack):
@@ -143,7 +143,7 @@ def test_the_image_runs_the_pinned_airflow_and_python():
 
 
 def engine_args(service: dict) -> tuple[dict[str, str], dict[str, str]]:
-    """(options, Spark settings) of the spark-connect service's `coldharbor.engine serve` command."""
+    """(options, Spark settings) of the spark-connect service's `coldharbor.runtime.engine serve` command."""
     command = [str(arg) for arg in service["command"]]
     assert command[0] == "serve"
     conf = dict(command[i + 1].split("=", 1) for i, arg in enumerate(command) if arg == "--conf")
@@ -158,7 +158,7 @@ def test_the_warm_engine_runs_on_the_cluster_and_listens_on_the_compose_network_
     Airflow services run every job through it."""
     services = resolved_stack()["services"]
     engine = services["spark-connect"]
-    assert engine["entrypoint"] == ["python", "-m", "coldharbor.engine"]
+    assert engine["entrypoint"] == ["python", "-m", "coldharbor.runtime.engine"]
     options, conf = engine_args(engine)
     assert options["--master"] == "spark://spark-master:7077"
     assert options["--bind"] == engine["hostname"] == "spark-connect"

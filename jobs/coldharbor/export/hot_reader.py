@@ -1,0 +1,403 @@
+"""Reads the dirty set of one table from PostgreSQL: the current row images and the change ids.
+
+Everything comes from ONE snapshot: the export's transaction exports it, its JDBC readers import it
+and its intent (the batch's change ids) is read in it. So a change either is in the batch with the
+image that includes it, or it is not in the batch at all (invariant 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+import psycopg
+from psycopg import sql
+from pyspark.sql import DataFrame, SparkSession
+
+from coldharbor.runtime import faults, pg
+from coldharbor.lake import lake_values
+from coldharbor.runtime.errors import ReportError
+from coldharbor.lake.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, column
+from coldharbor.runtime.pg import JdbcTarget
+from coldharbor.capture.registry import LakeColumn, RegisteredTable
+from coldharbor.runtime.spark import local_checkpoint, parallelism as spark_parallelism
+
+# PostgreSQL types the JDBC driver would not hand over as the lake type: cast to text in SQL.
+AS_TEXT = {"uuid", "json", "jsonb"}
+JDBC_FETCH_SIZE = 20_000
+# The dirty-set aggregate spills to disk with PostgreSQL's default 4MB; one export session may use more.
+EXPORT_WORK_MEM = "256MB"
+# A dirty set of at most this many changes is read by one JDBC reader: each more reader is a Spark
+# task in the read, the checkpoint, the count and the write (and a file more in the lake), which on a
+# per-minute cycle of many small tables costs more than the rows take to read (bench.engine).
+ONE_READER_CHANGES = 50_000
+
+
+def as_output(column: LakeColumn, expr: sql.Composable) -> sql.Composable:
+    """`expr` selected as the column, typed for the lake (uuid and json as text)."""
+    if column.pg_type in AS_TEXT:
+        expr = sql.SQL("({})::text").format(expr)
+    return sql.SQL("{} AS {}").format(expr, sql.Identifier(column.name))
+
+
+def key_value(column: LakeColumn) -> sql.Composable:
+    """A key column's value in the change_log key `d.key`, typed."""
+    return sql.SQL("(d.key ->> {})::{}").format(sql.Literal(column.name), sql.SQL(column.pg_type))
+
+
+def image_value(column: LakeColumn) -> sql.Composable:
+    """A column of a dirty key's image: a key column from the change log (a deleted key has no row
+    left to join), the others from its row `t`."""
+    return key_value(column) if column.is_key else sql.SQL("t.{}").format(sql.Identifier(column.name))
+
+
+def checked_select(columns: Sequence[LakeColumn], value_of: lake_values.ValueOf, through_jdbc: bool) -> sql.Composable:
+    """The select list of a reader of rows: each column typed for the lake, NULL where the lake does
+    not hold its value, then the row's `lake_values.PROBLEM` naming the first such value."""
+    values, problem = lake_values.checked_values(columns, value_of, through_jdbc)
+    return sql.SQL(", ").join([*(as_output(c, v) for c, v in zip(columns, values)),
+                               sql.SQL("{} AS {}").format(problem, sql.Identifier(lake_values.PROBLEM))])
+
+
+def commit_times_tracked(conn: psycopg.Connection) -> bool:
+    """Whether the server runs with track_commit_timestamp = on."""
+    return conn.execute("SELECT current_setting('track_commit_timestamp')::bool").fetchone()[0]
+
+
+def change_time(conn: psycopg.Connection) -> sql.Composable:
+    """When a change_log row's change happened: its commit time when the server tracks commit
+    timestamps (as-of reports need it), else the start of its transaction."""
+    if commit_times_tracked(conn):
+        return sql.SQL("coalesce(pg_xact_commit_timestamp(xmin), created_at)")
+    return sql.SQL("created_at")
+
+
+def oldest_dirty_change(conn: psycopg.Connection, table_id: int, up_to: datetime | None = None) -> datetime | None:
+    """When the table's oldest change not yet in the lake happened (`change_time`), among those that
+    can have happened by `up_to` (a change commits after its transaction starts: `created_at`)."""
+    bound = sql.SQL("") if up_to is None else sql.SQL(" AND created_at <= {}").format(sql.Literal(up_to))
+    return conn.execute(sql.SQL("SELECT min({change_time}) FROM coldharbor.change_log "
+                                "WHERE table_id = {table_id} AND flushed_at IS NULL{bound}").format(
+        change_time=change_time(conn), table_id=sql.Literal(table_id), bound=bound)).fetchone()[0]
+
+
+def require_commit_times(conn: psycopg.Connection) -> None:
+    """As-of reads place each change at its commit: without commit timestamps a change's time is
+    its transaction's start, and a transaction that committed after the instant would be counted."""
+    if not commit_times_tracked(conn):
+        raise ReportError("as-of reports need PostgreSQL's track_commit_timestamp = on, and it is off (change "
+                          "times would be transaction starts: a transaction committed after the instant could be "
+                          "counted in); set track_commit_timestamp = on in postgresql.conf (or start the server "
+                          "with -c track_commit_timestamp=on) and restart PostgreSQL; nothing was written")
+
+
+def key_match(columns: Sequence[LakeColumn]) -> sql.Composable:
+    """The table row `t` whose key is the change_log key `d.key`."""
+    return sql.SQL(" AND ").join(sql.SQL("t.{} = {}").format(sql.Identifier(c.name), key_value(c))
+                                 for c in columns if c.is_key)
+
+
+def row_missing(columns: Sequence[LakeColumn]) -> sql.Composable:
+    """True when the dirty key has no row left in `t`: key columns are never NULL in a row
+    (a primary key's, or an entity view's row_id), so a NULL one means the LEFT JOIN found none."""
+    first = next(c for c in columns if c.is_key)
+    return sql.SQL("t.{} IS NULL").format(sql.Identifier(first.name))
+
+
+def source_relation(conn: psycopg.Connection, table: RegisteredTable,
+                    dirty_row_ids: str = "SELECT (dk.key ->> 'row_id')::uuid FROM dirty dk") -> sql.Composable:
+    """What the dirty keys are joined to: the table itself, or for an entity schema the
+    flattening of just the dirty records (one grouped pass over their eav_data rows instead of
+    the view's aggregate per record). `dirty_row_ids` selects those records from the CTE `dirty`
+    of the query the relation sits in."""
+    if table.source_kind != "entity":
+        return table.identifier
+    flatten = conn.execute("SELECT coldharbor.entity_flatten_sql(%s, %s)",
+                           (table.table_name, dirty_row_ids)).fetchone()[0]
+    return sql.SQL("({})").format(sql.SQL(flatten))
+
+
+def _dirty_changes(table: RegisteredTable) -> sql.Composed:
+    """The dirty change rows of one table; the export's readers and its intent use exactly this."""
+    return sql.SQL("c.table_id = {} AND c.flushed_at IS NULL").format(sql.Literal(table.table_id))
+
+
+def _key_column(position: int) -> sql.Identifier:
+    return sql.Identifier(f"_ch_k{position}")
+
+
+def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn],
+                       changed_at: sql.Composable = sql.SQL("created_at"),
+                       relation: sql.Composable | None = None, part: int = 0, parts: int = 1) -> sql.Composed:
+    """One row per dirty key: its image now (or a delete marker), its change metadata and its
+    `lake_values.PROBLEM`.
+
+    The dirty changes are grouped by the typed key values (cheaper than by the jsonb key), both
+    ordered aggregates in one order so PostgreSQL sorts once. With `parts` > 1 this reads the
+    share `part` of the dirty keys (by a hash of the key, so all changes of a key are together).
+    """
+    keys = [c for c in columns if c.is_key]
+    share = _share(part, parts)
+    if table.history == "exact":
+        return exact_images_query(table, columns, changed_at, relation, share)
+
+    def value_of(c: LakeColumn) -> sql.Composable:
+        return (sql.SQL("d.{}").format(_key_column(keys.index(c))) if c.is_key
+                else sql.SQL("t.{}").format(sql.Identifier(c.name)))
+
+    return sql.SQL("""
+        WITH dirty AS (
+            SELECT {typed_keys},
+                   max(c.id) AS change_seq,
+                   (array_agg({change_time} ORDER BY c.id DESC))[1] AS changed_at,
+                   min({change_time}) AS first_changed_at
+            FROM coldharbor.change_log c
+            WHERE {dirty}{share}
+            GROUP BY {group_by})
+        SELECT {columns},
+               t.{first_key} IS NULL AS {deleted},
+               d.change_seq AS {seq},
+               d.changed_at AS {changed_at},
+               d.first_changed_at AS {first_changed_at}
+        FROM dirty d LEFT JOIN {table} t ON {key_match}""").format(
+        typed_keys=sql.SQL(", ").join(
+            sql.SQL("(c.key ->> {})::{} AS {}").format(sql.Literal(c.name), sql.SQL(c.pg_type), _key_column(i))
+            for i, c in enumerate(keys)),
+        change_time=changed_at, dirty=_dirty_changes(table), share=share,
+        group_by=sql.SQL(", ").join(sql.SQL(str(i + 1)) for i in range(len(keys))),
+        columns=checked_select(columns, value_of, through_jdbc=True),
+        first_key=sql.Identifier(keys[0].name), deleted=sql.Identifier(DELETED), seq=sql.Identifier(SEQ),
+        changed_at=sql.Identifier(CHANGED_AT), first_changed_at=sql.Identifier(FIRST_CHANGED_AT),
+        table=relation or table.identifier,
+        key_match=sql.SQL(" AND ").join(sql.SQL("t.{} = d.{}").format(sql.Identifier(c.name), _key_column(i))
+                                        for i, c in enumerate(keys)))
+
+
+def _share(part: int, parts: int) -> sql.Composable:
+    """The change rows of the share `part` of `parts` of the dirty keys (all changes of a key together)."""
+    if parts == 1:
+        return sql.SQL("")
+    return sql.SQL(" AND (jsonb_hash(c.key) & 2147483647) % {} = {}").format(sql.Literal(parts), sql.Literal(part))
+
+
+def logged_image_value(column: LakeColumn, image: str) -> sql.Composable:
+    """A column of a change's logged row image (`change_log.image`, row_to_json of the row: sql/021),
+    read back through the column type's input function; NULL when the image has no such key (the
+    column was added since). json and jsonb values are taken as JSON text, the others as their text."""
+    operator = "->" if column.pg_type in ("json", "jsonb") else "->>"
+    return sql.SQL("({} {} {})::{}").format(sql.SQL(image), sql.SQL(operator), sql.Literal(column.name),
+                                           sql.SQL(column.pg_type))
+
+
+def _image_readable(table: RegisteredTable, columns: Sequence[LakeColumn], image: str = "c.image") -> sql.Composable:
+    """True for a logged image in the table's shape now: one was logged, after the table's last
+    rebase request (before it, the image holds the old shape or old values). None is while the table
+    has a column registration refuses for exact history (sql/021), added since: a json column (an
+    image loses the spaces around its value) or a virtual generated one (an image holds NULL there)."""
+    if any(c.pg_type == "json" for c in columns):
+        return sql.SQL("false")
+    return sql.SQL(" AND ").join([
+        sql.SQL("{} IS NOT NULL").format(sql.SQL(image)),
+        sql.SQL("c.created_at > (SELECT coalesce(max(r.requested_at), '-infinity') FROM coldharbor.rebases r "
+                "WHERE r.table_id = {})").format(sql.Literal(table.table_id)),
+        sql.SQL("NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = (SELECT relid FROM "
+                "coldharbor.tables WHERE table_id = {}) AND a.attnum > 0 AND NOT a.attisdropped "
+                "AND a.attgenerated = 'v')").format(sql.Literal(table.table_id))])
+
+
+def _image_usable(table: RegisteredTable, columns: Sequence[LakeColumn], image: str = "c.image") -> sql.Composable:
+    """True for a logged image an export can write as the row after its change: a readable one
+    (`_image_readable`) with no json null in a jsonb column (it cannot tell SQL NULL from JSON null)
+    and every value one the lake holds (a value of the past cannot be changed to one it does; the
+    change's span then stays one image, as without exact history)."""
+    if any(c.pg_type == "json" for c in columns):
+        return sql.SQL("false")
+    logged = image
+    image = sql.SQL(logged)
+    tests = [_image_readable(table, columns, logged)]
+    for c in columns:
+        if c.is_key:
+            continue
+        if c.pg_type in ("json", "jsonb"):
+            tests.append(sql.SQL("coalesce(json_typeof({} -> {}) <> 'null', true)").format(image, sql.Literal(c.name)))
+        check = lake_values.held(c, logged_image_value(c, logged), through_jdbc=True)
+        if check is not None:
+            tests.append(sql.SQL("coalesce({}, true)").format(check))
+    return sql.SQL(" AND ").join(tests)
+
+
+def _image_hash(columns: Sequence[LakeColumn]) -> sql.Composable:
+    """A logged image's hash as capture hashes the row before a change (sql/024:
+    hash_record_extended of the row; a record's hash is its columns' hashes, dropped ones skipped),
+    each value read back through its type's input function."""
+    values = sql.SQL(", ").join(logged_image_value(c, "c.image") for c in columns)
+    return sql.SQL("hash_record_extended(ROW({}), 0)").format(values)
+
+
+def _chained(typed_keys: sql.Composable) -> sql.Composable:
+    """True for a change that the key's next logged change follows: the next one is an insert and
+    this one a delete, or the next one updates or deletes the very row this one left (its hash
+    before equals this one's image hash). A key's newest change has no next one. A change whose
+    image is unreadable (`_image_readable`; ATTACH PARTITION logs none) or that was logged before
+    capture hashed rows does not chain: what its transaction left cannot be shown."""
+    after = sql.SQL("OVER (PARTITION BY {} ORDER BY id)").format(typed_keys)
+    return sql.SQL("""CASE WHEN lead(id) {after} IS NULL THEN true
+                WHEN lead(op) {after} = 'I' THEN op = 'D'
+                ELSE op <> 'D' AND new_hash IS NOT NULL AND new_hash = lead(old_hash) {after} END""").format(
+        after=after)
+
+
+def exact_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], changed_at: sql.Composable,
+                       relation: sql.Composable | None, share: sql.Composable) -> sql.Composed:
+    """`dirty_images_query` for a table with exact history (sql/021): besides one row per dirty key
+    (its image now, as for any table), one row per earlier change of the key in the batch, the row
+    as that change left it (its logged image; a delete marker for a delete), with the change's own
+    sequence and time. Each row's `_ch_first_changed_at` is the first change since the key's
+    previous row in the batch: a change with no usable image (`_image_usable`) joins the span of
+    the row after it, which an as-of report then refuses inside, as it does for every table.
+
+    A key's images stand only when its logged changes chain (`_chained`): capture logs in the order
+    statements finish, and a nested write (an application's trigger, a volatile function) can log
+    an older image after a newer one (sql/024). A key whose chain breaks writes only its newest
+    row, read from the table, spanning all of its changes in the batch."""
+    keys = [c for c in columns if c.is_key]
+    typed_keys = sql.SQL(", ").join(_key_column(i) for i in range(len(keys)))
+
+    def final_value(c: LakeColumn) -> sql.Composable:
+        return (sql.SQL("d.{}").format(_key_column(keys.index(c))) if c.is_key
+                else sql.SQL("t.{}").format(sql.Identifier(c.name)))
+
+    def history_value(c: LakeColumn) -> sql.Composable:
+        return (sql.SQL("h.{}").format(_key_column(keys.index(c))) if c.is_key else logged_image_value(c, "h.image"))
+
+    return sql.SQL("""
+        WITH logged AS (
+            SELECT {key_values}, c.id, {change_time} AS change_at, c.op,
+                   CASE WHEN c.op <> 'D' AND {usable} THEN c.image END AS image,
+                   CASE WHEN c.op <> 'D' AND {readable} THEN {image_hash} END AS new_hash, c.old_hash
+            FROM coldharbor.change_log c
+            WHERE {dirty}{share}),
+        changes AS (
+            SELECT *, row_number() OVER (PARTITION BY {typed_keys} ORDER BY id DESC) = 1 AS newest,
+                   {chained} AS chained
+            FROM logged),
+        rows_of AS (
+            SELECT *, NOT newest AND (op = 'D' OR image IS NOT NULL)
+                      AND bool_and(chained) OVER (PARTITION BY {typed_keys}) AS history
+            FROM changes),
+        numbered AS (
+            SELECT *, count(*) FILTER (WHERE history) OVER (PARTITION BY {typed_keys} ORDER BY id
+                                                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS span
+            FROM rows_of),
+        spans AS (
+            SELECT *, min(change_at) OVER (PARTITION BY {typed_keys}, span) AS first_at FROM numbered)
+        SELECT {final_columns}, t.{first_key} IS NULL AS {deleted}, d.id AS {seq}, d.change_at AS {changed_at},
+               d.first_at AS {first_changed_at}
+        FROM spans d LEFT JOIN {table} t ON {key_match}
+        WHERE d.newest
+        UNION ALL
+        SELECT {history_columns}, h.op = 'D' AS {deleted}, h.id AS {seq}, h.change_at AS {changed_at},
+               h.first_at AS {first_changed_at}
+        FROM spans h
+        WHERE h.history""").format(
+        key_values=sql.SQL(", ").join(
+            sql.SQL("(c.key ->> {})::{} AS {}").format(sql.Literal(c.name), sql.SQL(c.pg_type), _key_column(i))
+            for i, c in enumerate(keys)),
+        change_time=changed_at, usable=_image_usable(table, columns), typed_keys=typed_keys,
+        readable=_image_readable(table, columns), image_hash=_image_hash(columns), chained=_chained(typed_keys),
+        dirty=_dirty_changes(table), share=share,
+        final_columns=checked_select(columns, final_value, through_jdbc=True),
+        history_columns=checked_select(columns, history_value, through_jdbc=True),
+        first_key=sql.Identifier(keys[0].name), deleted=sql.Identifier(DELETED), seq=sql.Identifier(SEQ),
+        changed_at=sql.Identifier(CHANGED_AT), first_changed_at=sql.Identifier(FIRST_CHANGED_AT),
+        table=relation or table.identifier,
+        key_match=sql.SQL(" AND ").join(sql.SQL("t.{} = d.{}").format(sql.Identifier(c.name), _key_column(i))
+                                        for i, c in enumerate(keys)))
+
+
+def intent_query(table: RegisteredTable) -> sql.Composed:
+    """The batch's change ids, their count and the oldest change time: the dirty set the
+    readers of the same snapshot see (`_dirty_changes`), in one pass."""
+    return sql.SQL("SELECT coalesce(array_agg(c.id), '{{}}'), count(*), min(c.created_at) "
+                   "FROM coldharbor.change_log c WHERE {}").format(_dirty_changes(table))
+
+
+def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcTarget, snapshot_id: str,
+                      table: RegisteredTable, columns: Sequence[LakeColumn]) -> DataFrame:
+    """The dirty images as of the exported snapshot `snapshot_id`, read once and pinned in Spark;
+    UnrepresentableValueError when one holds a value the lake does not (`refuse_unheld`).
+
+    One JDBC read per core (one for a dirty set of at most ONE_READER_CHANGES changes), each
+    importing the same snapshot (so together they are one consistent read of disjoint key shares),
+    then an eager local checkpoint: a JDBC DataFrame re-runs its query on every action, and the rows
+    written to the lake must come from this single read. `conn` is in the exported snapshot.
+    """
+    parts = 1 if dirty_changes_at_most(conn, table, ONE_READER_CHANGES) else spark_parallelism(spark)
+    relation = source_relation(conn, table, f"SELECT dk.{_key_column(0).as_string(conn)} FROM dirty dk")
+    images = None
+    for part in range(parts):
+        query = dirty_images_query(table, columns, change_time(conn), relation, part, parts).as_string(conn)
+        share = snapshot_read(spark, jdbc, query, snapshot_id, f"SET work_mem = '{EXPORT_WORK_MEM}'; ")
+        images = share if images is None else images.union(share)
+    faults.from_environment("before_jdbc_read")  # the readers connect in the checkpoint's tasks
+    images = local_checkpoint(images, eager=True)
+    if not lake_values.has_limits(columns, through_jdbc=True):
+        return images.drop(lake_values.PROBLEM)
+    return refuse_unheld(images, table)
+
+
+EXPORT_REFUSED = ("the table's changes were not exported (nothing was written or marked flushed; the other tables "
+                  "still export) and wait until the value is changed: the next export carries them")
+
+# A lake-first table refuses the UPDATE or DELETE that would change the value (sql/027).
+LAKE_FIRST_WAY_OUT = ("; it is lake-first, which refuses updates and deletes: register it with "
+                      "coldharbor.register_table({table}, p_mode => 'mirror'), change or delete the row, and register "
+                      "it again with p_mode => 'lake_first'")
+
+
+def refuse_unheld(images: DataFrame, table: RegisteredTable) -> DataFrame:
+    """The images without `lake_values.PROBLEM`; UnrepresentableValueError, naming the first, when
+    a row holds a value the lake does not. A delete marker of a key holding such a value is left
+    out of the batch (its change is still marked): the lake never held that key."""
+    problem = column(lake_values.PROBLEM)
+    found = images.filter(problem.isNotNull() & ~column(DELETED)).select(problem).first()
+    if found is not None:
+        raise lake_values.refusal(table.qualified_name, found[0], EXPORT_REFUSED + (
+            LAKE_FIRST_WAY_OUT.format(table=table.name_literal) if table.mode == "lake_first" else ""))
+    return images.filter(problem.isNull()).drop(lake_values.PROBLEM)
+
+
+def snapshot_read(spark: SparkSession, jdbc: JdbcTarget, query: str, snapshot_id: str, settings: str = "",
+                  lock_timeout: str | None = None) -> DataFrame:
+    """One JDBC reader of `query` inside the exported snapshot `snapshot_id` (lazy: each action
+    re-reads, importing the snapshot again; its exporter must still be open). A `lock_timeout` is a
+    startup option of every connection, so it bounds Spark's schema query too, which runs before
+    (and without) the init statement."""
+    init = (f"{pg.session_settings_sql()}{settings}"
+            f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'")
+    options = jdbc.options()
+    if lock_timeout:
+        options["options"] = f"{options.get('options', '')} -c lock_timeout={lock_timeout}".strip()
+    return (spark.read.format("jdbc").options(**options)
+            .option("query", query)
+            .option("fetchsize", JDBC_FETCH_SIZE)
+            .option("preferTimestampNTZ", "true")  # timestamp (no zone) stays zone-free
+            .option("sessionInitStatement", init)
+            .option("prepareThreshold", "-1")  # binary rows from the first execution
+            .load())
+
+
+def dirty_changes_at_most(conn: psycopg.Connection, table: RegisteredTable, limit: int) -> bool:
+    """Whether the table has at most `limit` dirty changes (reads no more than limit + 1 of them)."""
+    return conn.execute(sql.SQL("SELECT count(*) <= %s FROM (SELECT 1 FROM coldharbor.change_log c WHERE {} "
+                                "LIMIT %s) d").format(_dirty_changes(table)), (limit, limit + 1)).fetchone()[0]
+
+
+def has_dirty(conn: psycopg.Connection, table_id: int) -> bool:
+    """Cheap probe of the partial dirty index."""
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.change_log "
+                        "WHERE table_id = %s AND flushed_at IS NULL)", (table_id,)).fetchone()[0]
+
+
+# For incremental reports (coldharbor.serve.incremental), which read the same logged rows.
+image_readable, image_usable, image_hash, chained = _image_readable, _image_usable, _image_hash, _chained

@@ -1,0 +1,524 @@
+"""Compaction: rewrite a table's small files the way Iceberg's rewrite_data_files does, with
+last-write-wins per key (invariants 5 and 7).
+
+Per table (under its compaction lock) and per partition:
+  1. plan from the Delta log: a partition is rewritten when it holds at least `min_small_files`
+     files smaller than `small_file_ratio` x the target size;
+  2. read the partition at the planned version V and keep, per key, the versions inside the
+     history window plus the newest older one (`lake_rows.mark_kept`), the newest of all settled
+     and the others not (`lake_rows.mark_settled`: current reads rank only what exports add
+     after it); the rewrite covers every
+     file of the partition, and partition columns are part of the key, so it covers every file
+     that can hold an older version of a key: dropping a delete marker cannot resurrect anything;
+  3. write ceil(bytes / target) files sorted by the table's sort columns (else its key) as ONE
+     commit that replaces exactly the rows of V: `replaceWhere <partition> AND _ch_batch_id <= N`,
+     N the largest batch id in V. An export that commits meanwhile adds a higher batch id, so its
+     rows are neither read nor replaced; Delta's conflict checks catch the rest, and a conflict
+     is retried (bounded) from a fresh plan.
+
+A merge (`--mode merge`) is the cheap kind, in the way of Delta's OPTIMIZE bin-packing: the small
+files exports wrote (every row unsettled, by their statistics) become ceil(bytes / target) files
+holding exactly the same rows, in one commit:
+`replaceWhere <partition> AND _ch_settled IS NULL AND _ch_batch_id <= N` (Delta refuses
+`dataChange=false` with a replaceWhere on data columns, so the commit counts as a data change). No
+version is dropped and no row changes, so every read (current, as-of, verify) answers as before; a
+report then opens a few files instead of one per export. OPTIMIZE itself cannot be told which
+files to take: it bin-packs every file under a size, the settled base's too, and a base file
+merged with export files would be ranked by every current read.
+
+`--mode auto` (the compaction DAG's) merges a partition whose exported rows are a small share of it
+(`full_rewrite_fraction`) while a full rewrite of the table ran within `full_every`, and rewrites
+it fully otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+from coldharbor.runtime import faults, pg, settings
+from coldharbor.capture import registry
+from coldharbor.lake import delta
+from coldharbor.maintenance import maintenance_runs
+from coldharbor.runtime.errors import ConfigError, LakeUnavailableError, jvm_message, raise_if_tables_failed
+from coldharbor.runtime.job_main import reason, run_job
+from coldharbor.lake.delta import LakeFile, LakeSnapshot
+from coldharbor.lake.lake_rows import BATCH_ID, DELETED, KEEP, SETTLED, column, mark_kept, mark_settled, quoted
+from coldharbor.capture.registry import RegisteredTable
+
+log = logging.getLogger(__name__)
+
+OPERATION = "coldharbor-compaction"
+MERGE_OPERATION = "coldharbor-merge-small-files"
+EXIT_GAVE_UP = 3  # concurrent commits won every attempt
+MODES = ("full", "merge", "auto")
+
+
+@dataclass(frozen=True)
+class CompactionConfig:
+    table: str | None
+    lake_root: str
+    run_id: str
+    target_file_bytes: int = 128 * 1024 * 1024
+    min_small_files: int = 5
+    small_file_ratio: float = 0.75
+    history_window: timedelta = timedelta(hours=settings.DEFAULT_HISTORY_WINDOW_HOURS)
+    max_attempts: int = 4
+    retry_backoff_s: float = 1.0
+    mode: str = "full"                  # full | merge | auto (module docstring)
+    full_rewrite_fraction: float = 0.1  # auto: a full rewrite once exported rows pass this share
+    full_every: timedelta = timedelta(hours=24)  # auto: and at least this often per table
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"compaction mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not 0 < self.full_rewrite_fraction <= 1:
+            raise ConfigError(f"full rewrite fraction must be in (0, 1], got {self.full_rewrite_fraction}")
+        if self.full_every <= timedelta(0):
+            raise ConfigError(f"full rewrites must be due after a positive time, got {self.full_every}")
+        if self.target_file_bytes < 1024 * 1024:
+            raise ConfigError(f"target file size must be at least 1 MB, got {self.target_file_bytes} bytes")
+        if self.min_small_files < 2:
+            raise ConfigError(f"min small files must be at least 2 (rewriting one file into one file gains "
+                              f"nothing), got {self.min_small_files}")
+        if not 0 < self.small_file_ratio <= 1:
+            raise ConfigError(f"small file ratio must be in (0, 1], got {self.small_file_ratio}")
+        if self.max_attempts < 1:
+            raise ConfigError(f"max attempts must be at least 1, got {self.max_attempts}")
+
+    @property
+    def small_file_bytes(self) -> int:
+        return int(self.target_file_bytes * self.small_file_ratio)
+
+
+@dataclass
+class PartitionResult:
+    partition: dict[str, str | None]
+    status: str                 # compacted | merged | below_threshold | gave_up
+    files_before: int = 0
+    bytes_before: int = 0
+    files_after: int = 0
+    bytes_after: int = 0
+    rows_before: int = 0
+    rows_after: int = 0
+    versions_dropped: int = 0
+    markers_dropped: int = 0
+    read_version: int | None = None
+    lake_version: int | None = None
+    attempts: int = 0
+
+
+@dataclass
+class TableResult:
+    table: str
+    status: str                 # compacted | merged | nothing_to_do | no_lake_table | skipped | gave_up | failed
+    partitions: list[PartitionResult] = field(default_factory=list)
+    error: str | None = None    # why a table of a run over every table was left out
+
+
+def partitions_of(snap: LakeSnapshot) -> dict[tuple, list[LakeFile]]:
+    grouped: dict[tuple, list[LakeFile]] = {}
+    for f in snap.files:
+        grouped.setdefault(f.partition, []).append(f)
+    return grouped
+
+
+def needs_rewrite(files: Sequence[LakeFile], config: CompactionConfig) -> bool:
+    return sum(1 for f in files if f.size < config.small_file_bytes) >= config.min_small_files
+
+
+def small_export_files(files: Sequence[LakeFile], config: CompactionConfig) -> list[LakeFile]:
+    """The small files whose rows are all unsettled (exports' own, or an earlier merge of them)."""
+    return [f for f in files if f.only_unsettled and f.size < config.small_file_bytes]
+
+
+def plan_partition(files: Sequence[LakeFile], config: CompactionConfig, full_due: bool) -> str | None:
+    """What a partition gets: "full" (the last-write-wins rewrite), "merge" (its small export files
+    merged, no row changed) or None (nothing worth doing).
+
+    A merge needs every file's statistics of `_ch_settled` (else a file's unsettled rows are not
+    known). `auto` rewrites fully when that is due for the table, when the statistics are missing,
+    when the partition holds no settled row yet, or when its unsettled rows pass
+    `full_rewrite_fraction` of its rows (each of them is ranked by every current read)."""
+    full = "full" if needs_rewrite(files, config) else None
+    known = bool(files) and all(f.records is not None and f.unsettled_rows is not None for f in files)
+    merge = "merge" if known and len(small_export_files(files, config)) >= config.min_small_files else None
+    if config.mode == "full":
+        return full
+    if config.mode == "merge":
+        return merge
+    if not known or full_due:
+        return full
+    rows = sum(f.records for f in files)
+    unsettled = sum(f.unsettled_rows for f in files)
+    if unsettled == rows or unsettled > config.full_rewrite_fraction * rows:
+        return full or merge
+    return merge
+
+
+def output_file_count(total_bytes: int, config: CompactionConfig) -> int:
+    return max(1, math.ceil(total_bytes / config.target_file_bytes))
+
+
+def sql_literal(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def partition_predicate(partition: tuple[tuple[str, str | None], ...], table_columns: dict[str, str]) -> str:
+    """The SQL predicate selecting one partition (values come from the Delta log as strings)."""
+    terms = []
+    for name, value in partition:
+        if value is None:
+            terms.append(f"{quoted(name)} IS NULL")
+        else:
+            terms.append(f"{quoted(name)} = CAST({sql_literal(value)} AS {table_columns[name]})")
+    return " AND ".join(terms) if terms else "true"
+
+
+def compact_table(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable,
+                  config: CompactionConfig, hook: faults.Hook = faults.from_environment) -> TableResult:
+    with pg.advisory_lock(conn, "compact", table.table_id) as acquired:
+        if not acquired:
+            log.info("skipped %s: another compaction of this table holds its lock", table.qualified_name)
+            return TableResult(table.qualified_name, "skipped")
+        registry.refuse_replaced(conn, table)
+        maintenance_runs.start(conn, config.run_id, table.table_id, "compact")
+        try:
+            result = _compact(spark, conn, table, config, hook)
+        except Exception as exc:
+            maintenance_runs.finish(conn, config.run_id, table.table_id, "compact", "failed", error=reason(exc))
+            raise
+        versions = [p.lake_version for p in result.partitions if p.lake_version is not None]
+        maintenance_runs.finish(conn, config.run_id, table.table_id, "compact",
+                                "failed" if result.status == "gave_up" else "succeeded",
+                                detail={"status": result.status, "partitions": [asdict(p) for p in result.partitions]},
+                                lake_version=max(versions) if versions else None)
+        return result
+
+
+def _compact(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, config: CompactionConfig,
+             hook: faults.Hook) -> TableResult:
+    path = table.lake_path(config.lake_root)
+    snap = delta.snapshot(spark, path)
+    if snap is None:
+        log.info("%s: no lake table yet at %s; nothing to compact", table.qualified_name, path)
+        return TableResult(table.qualified_name, "no_lake_table")
+    full_due = config.mode == "auto" and maintenance_runs.full_compaction_due(conn, table.table_id, config.full_every)
+    todo = [(p, kind) for p, files in partitions_of(snap).items()
+            if (kind := plan_partition(files, config, full_due)) is not None]
+    if not todo:
+        log.info("%s: %s files in %s partition(s) at version %s, none with %s small files%s; nothing to compact",
+                 table.qualified_name, len(snap.files), len(partitions_of(snap)), snap.version,
+                 config.min_small_files, "" if config.mode == "full" else " to rewrite or merge")
+        return TableResult(table.qualified_name, "nothing_to_do")
+    results = [_rewrite_with_retries(spark, conn, table, path, partition, config, hook, snap, kind)
+               for partition, kind in todo]
+    if any(r.status == "gave_up" for r in results):
+        status = "gave_up"
+    else:
+        status = "compacted" if any(r.status == "compacted" for r in results) else "merged"
+    return TableResult(table.qualified_name, status, results)
+
+
+def _rewrite_with_retries(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
+                          partition: tuple,
+                          config: CompactionConfig, hook: faults.Hook, planned: LakeSnapshot,
+                          kind: str = "full") -> PartitionResult:
+    attempt_once = _rewrite_partition if kind == "full" else _merge_partition
+    for attempt in range(1, config.max_attempts + 1):
+        # The first attempt reads the version it was planned on; a retry plans again from the latest.
+        snap = planned if attempt == 1 else delta.snapshot(spark, path)
+        try:
+            result = attempt_once(spark, conn, table, path, partition, snap, config, hook)
+            result.attempts = attempt
+            return result
+        except Exception as exc:
+            if not _is_conflict(exc):
+                raise
+            log.warning("%s %s: attempt %s/%s lost to a concurrent commit (%s)", table.qualified_name,
+                        dict(partition), attempt, config.max_attempts, jvm_message(exc))
+            time.sleep(config.retry_backoff_s * 2 ** (attempt - 1))
+    log.error("%s %s: gave up after %s attempts, each lost to a concurrent commit; the table is unchanged "
+              "by this partition's rewrite", table.qualified_name, dict(partition), config.max_attempts)
+    return PartitionResult(dict(partition), "gave_up", attempts=config.max_attempts)
+
+
+def _is_conflict(exc: Exception) -> bool:
+    if isinstance(exc, ConcurrentRewriteError):
+        return True
+    text = str(exc)
+    return any(name in text for name in ("ConcurrentAppendException", "ConcurrentDeleteReadException",
+                                         "ConcurrentDeleteDeleteException", "ConcurrentTransactionException",
+                                         "MetadataChangedException", "ProtocolChangedException",
+                                         "DELTA_CONCURRENT"))
+
+
+def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
+                       partition: tuple, snap: LakeSnapshot, config: CompactionConfig,
+                       hook: faults.Hook) -> PartitionResult:
+    files = partitions_of(snap).get(partition, [])
+    result = PartitionResult(dict(partition), "below_threshold", files_before=len(files),
+                             bytes_before=sum(f.size for f in files), read_version=snap.version)
+    if not needs_rewrite(files, config):
+        return result
+    rows = delta.read_version(spark, path, snap.version)
+    lake_types = {f.name: f.dataType.simpleString() for f in rows.schema.fields}
+    where = partition_predicate(partition, lake_types)
+    rows = rows.filter(where)
+    max_batch = _max_batch(rows, files)
+    cutoff = datetime.now(timezone.utc) - config.history_window
+    observation = Observation(f"compaction-{config.run_id}-{snap.version}")
+    adds_settled = SETTLED not in rows.columns  # a lake table written before the column
+    kept = (rows.transform(mark_settled(table.key_columns)).transform(mark_kept(table.key_columns, cutoff))
+            .observe(observation,
+                     F.count(F.lit(1)).alias("rows_before"),
+                     F.count(F.when(column(DELETED), 1)).alias("markers_before"),
+                     F.count(F.when(column(KEEP), 1)).alias("rows_after"),
+                     F.count(F.when(column(KEEP) & column(DELETED), 1)).alias("markers_after"))
+            .filter(column(KEEP)).drop(KEEP))
+    out = _layout(kept, table, output_file_count(result.bytes_before, config))
+    out = faults.inside_tasks(out, "compact_during_write")  # killed with the rewrite's files half written
+    metadata = {"operation": OPERATION, "run_id": config.run_id, "table": table.qualified_name,
+                "partition": dict(partition), "read_version": snap.version, "max_batch_id": max_batch}
+    hook("compact_before_commit")
+    record_history_kept(conn, table, cutoff)
+    writer = (out.write.format("delta").mode("overwrite")
+              .option("replaceWhere", f"({where}) AND {quoted(BATCH_ID)} <= {max_batch}")
+              .option("userMetadata", json.dumps(metadata, sort_keys=True))
+              .option("mergeSchema", str(adds_settled).lower()))
+    if table.partition_by:
+        writer = writer.partitionBy(*table.partition_by)
+    with pg.lake_commit_lock(conn, table.table_id, path):
+        _check_no_rewrites_since(spark, path, snap.version, config.run_id, dict(partition))
+        # The current read skips files by the column's statistics. Delta checks the property against
+        # the schema: a table still without the column gains it with the rewrite, and the property
+        # after it (that rewrite's files have none; the next ones do).
+        if not adds_settled:
+            delta.collect_statistics_of(spark, path, SETTLED)
+        writer.save(path)
+        if adds_settled:
+            delta.collect_statistics_of(spark, path, SETTLED)
+    hook("compact_after_commit")
+    figures = observation.get
+    _record_commit(spark, path, metadata, result, "compacted")
+    result.rows_before = figures["rows_before"]
+    result.rows_after = figures["rows_after"]
+    result.markers_dropped = figures["markers_before"] - figures["markers_after"]
+    result.versions_dropped = result.rows_before - result.rows_after - result.markers_dropped
+    log.info("%s %s: compacted version %s into %s: files %s -> %s, bytes %s -> %s, rows %s -> %s "
+             "(%s superseded versions and %s delete markers dropped)", table.qualified_name, dict(partition),
+             snap.version, result.lake_version, result.files_before, result.files_after, result.bytes_before,
+             result.bytes_after, result.rows_before, result.rows_after, result.versions_dropped,
+             result.markers_dropped)
+    return result
+
+
+def record_history_kept(conn: psycopg.Connection, table: RegisteredTable, cutoff: datetime) -> None:
+    """Records, before the rewrite commits, that versions older than `cutoff` may be gone from the
+    lake (sql/025): as-of reads before it are refused from then on, whatever the window is raised
+    to. A rewrite that then fails leaves the record a little early: refusals, never wrong answers."""
+    with conn.transaction():
+        conn.execute("INSERT INTO coldharbor.history_kept (table_id, kept_from) VALUES (%s, %s) "
+                     "ON CONFLICT (table_id) DO UPDATE SET kept_from = greatest(history_kept.kept_from, "
+                     "EXCLUDED.kept_from), recorded_at = now()", (table.table_id, cutoff))
+
+
+def _merge_partition(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
+                     partition: tuple, snap: LakeSnapshot, config: CompactionConfig,
+                     hook: faults.Hook) -> PartitionResult:
+    """The partition's unsettled rows of version V, unchanged, in fewer files (module docstring)."""
+    files = partitions_of(snap).get(partition, [])
+    small = small_export_files(files, config)
+    fresh = [f for f in files if f.unsettled_rows]  # every file the replaceWhere below rewrites
+    result = PartitionResult(dict(partition), "below_threshold", files_before=len(fresh),
+                             bytes_before=sum(f.size for f in fresh), read_version=snap.version)
+    if len(small) < config.min_small_files:
+        return result
+    rows = delta.read_version(spark, path, snap.version)
+    lake_types = {f.name: f.dataType.simpleString() for f in rows.schema.fields}
+    max_batch = _max_batch(rows.filter(partition_predicate(partition, lake_types)), fresh)
+    where = (f"({partition_predicate(partition, lake_types)}) AND {quoted(SETTLED)} IS NULL "
+             f"AND {quoted(BATCH_ID)} <= {max_batch}")
+    observation = Observation(f"merge-{config.run_id}-{snap.version}")
+    merged = rows.filter(where).observe(observation, F.count(F.lit(1)).alias("rows"))
+    out = _layout(merged, table, output_file_count(result.bytes_before, config))
+    out = faults.inside_tasks(out, "compact_during_write")
+    metadata = {"operation": MERGE_OPERATION, "run_id": config.run_id, "table": table.qualified_name,
+                "partition": dict(partition), "read_version": snap.version, "max_batch_id": max_batch}
+    hook("compact_before_commit")
+    writer = (out.write.format("delta").mode("overwrite").option("replaceWhere", where)
+              .option("userMetadata", json.dumps(metadata, sort_keys=True)))
+    if table.partition_by:
+        writer = writer.partitionBy(*table.partition_by)
+    with pg.lake_commit_lock(conn, table.table_id, path):
+        _check_no_rewrites_since(spark, path, snap.version, config.run_id, dict(partition))
+        writer.save(path)
+    hook("compact_after_commit")
+    _record_commit(spark, path, metadata, result, "merged")
+    result.rows_before = result.rows_after = observation.get["rows"]
+    log.info("%s %s: merged the small export files of version %s into %s: files %s -> %s, bytes %s -> %s, "
+             "%s rows unchanged", table.qualified_name, dict(partition), snap.version, result.lake_version,
+             result.files_before, result.files_after, result.bytes_before, result.bytes_after, result.rows_after)
+    return result
+
+
+def _record_commit(spark: SparkSession, path: str, metadata: dict, result: PartitionResult, status: str) -> None:
+    """The partition's commit (found by its metadata) into `result`: its version, files and bytes."""
+    keys = ("operation", "run_id", "read_version", "partition")
+    entry = delta.find_commit_entry(spark, path, {k: metadata[k] for k in keys})
+    if entry is None:
+        raise LakeUnavailableError(f"the {metadata['operation']} commit of {metadata['table']} is not in the "
+                                   "Delta history")
+    metrics = entry["metrics"]
+    result.status = status
+    result.lake_version = entry["version"]
+    result.files_after = int(metrics.get("numFiles", 0))
+    result.bytes_after = int(metrics.get("numOutputBytes", 0))
+
+
+class ConcurrentRewriteError(Exception):
+    """A commit other than a blind append landed after the version the rewrite read."""
+
+
+# Commits that leave every row the rewrite read in place: appends (exports) and table upkeep.
+_HARMLESS_OPERATIONS = {"VACUUM START", "VACUUM END", "SET TBLPROPERTIES"}
+
+
+def _check_no_rewrites_since(spark: SparkSession, path: str, version: int, run_id: str | None = None,
+                             partition: dict | None = None) -> None:
+    """Refuses to commit over a commit that removed or rewrote rows after `version`.
+
+    replaceWhere removes the matching files of the table as it is when the write starts, not as
+    the rewrite read it: a DELETE or MERGE that committed in between would be undone. Delta's
+    own conflict checks cover commits after the write starts; this covers the ones before. The
+    same run's commits of other partitions (`run_id`, `partition`) touched none of this one's rows:
+    without this, every partition after a run's first lost its first attempt to the run itself.
+    """
+    latest = delta.pin_version(spark, path)
+    if latest == version:
+        return
+    history = delta.history_of(spark, path, latest - version).collect()
+    for entry in history:
+        if entry["version"] > version and not entry["isBlindAppend"] \
+                and entry["operation"] not in _HARMLESS_OPERATIONS \
+                and not _own_other_partition(entry["userMetadata"], run_id, partition):
+            raise ConcurrentRewriteError(f"version {entry['version']} "
+                                         f"({entry['operation']}) changed rows after version {version} was read")
+
+
+def _own_other_partition(user_metadata: str | None, run_id: str | None, partition: dict | None) -> bool:
+    """Whether a commit's metadata names a rewrite or merge of this run in another partition."""
+    if run_id is None or not user_metadata:
+        return False
+    try:
+        metadata = json.loads(user_metadata)
+    except ValueError:
+        return False
+    return (isinstance(metadata, dict) and metadata.get("operation") in (OPERATION, MERGE_OPERATION)
+            and metadata.get("run_id") == run_id and metadata.get("partition") != partition)
+
+
+def _max_batch(rows: DataFrame, files: Sequence[LakeFile]) -> int:
+    if files and all(f.max_batch_id is not None for f in files):
+        return max(f.max_batch_id for f in files)
+    return rows.agg(F.max(column(BATCH_ID))).first()[0]  # statistics missing: read it
+
+
+def _layout(rows: DataFrame, table: RegisteredTable, n_files: int) -> DataFrame:
+    """n_files files, each a range of the sort columns (the key when none are configured)."""
+    order = [column(name) for name in table.sort_by or table.key_columns]
+    if n_files == 1:
+        return rows.repartition(1).sortWithinPartitions(*order)
+    return rows.repartitionByRange(n_files, *order).sortWithinPartitions(*order)
+
+
+def parse_args(argv: list[str]) -> CompactionConfig:
+    parser = argparse.ArgumentParser(
+        prog="compact.py",
+        description="Rewrite the small files of registered tables' Delta tables with last-write-wins per key, "
+                    "keeping the versions as-of reports need (the history window). PostgreSQL (registry, locks, "
+                    f"run log) is reached through {settings.PG_DSN_ENV}.")
+    parser.add_argument("--table", help="compact only this registered table (schema.table); default: all")
+    parser.add_argument("--lake-root", help=f"lake folder or URI (default: ${settings.LAKE_ROOT_ENV})")
+    parser.add_argument("--target-file-mb", type=float, default=128.0,
+                        help="size of the files the rewrite writes (default 128)")
+    parser.add_argument("--min-small-files", type=int, default=5,
+                        help="rewrite a partition once it has this many small files (default 5)")
+    parser.add_argument("--small-file-ratio", type=float, default=0.75,
+                        help="a file is small below this fraction of the target size (default 0.75)")
+    parser.add_argument("--history-hours", type=float, default=None,
+                        help=f"keep every version changed within this many hours (default: "
+                             f"${settings.HISTORY_WINDOW_ENV}, else {settings.DEFAULT_HISTORY_WINDOW_HOURS:g})")
+    parser.add_argument("--max-attempts", type=int, default=4,
+                        help="attempts per partition when concurrent commits win (default 4)")
+    parser.add_argument("--mode", choices=MODES, default="full",
+                        help="full: the last-write-wins rewrite (default); merge: only merge the small files "
+                             "exports wrote, no row changed; auto: merge, and the full rewrite when due "
+                             "(see --full-rewrite-fraction and --full-every-hours)")
+    parser.add_argument("--full-rewrite-fraction", type=float, default=0.1,
+                        help="auto: rewrite a partition fully once its exported rows pass this share of its "
+                             "rows (default 0.1)")
+    parser.add_argument("--full-every-hours", type=float, default=24.0,
+                        help="auto: rewrite a table fully when its last full rewrite is older (default 24)")
+    parser.add_argument("--run-id", help="identifier recorded with the run (default: a new one)")
+    args = parser.parse_args(argv)
+    window = settings.history_window_hours()
+    hours = args.history_hours if args.history_hours is not None else window
+    if not hours > 0:
+        raise ConfigError(f"the history window must be a positive number of hours, got {hours}")
+    if hours < window:
+        # Versions dropped inside the window as-of reports may ask for would make them answer wrongly.
+        raise ConfigError(f"--history-hours {hours:g} is shorter than the window as-of reports may ask for "
+                          f"({settings.HISTORY_WINDOW_ENV}={window:g} hours): the versions it would drop would make "
+                          "those reports wrong; keep at least that many hours, or shorten the window first")
+    return CompactionConfig(
+        table=args.table, lake_root=settings.lake_root(args.lake_root),
+        run_id=args.run_id or maintenance_runs.new_run_id("compact"),
+        target_file_bytes=int(args.target_file_mb * 1024 * 1024), min_small_files=args.min_small_files,
+        small_file_ratio=args.small_file_ratio, history_window=timedelta(hours=hours),
+        max_attempts=args.max_attempts, mode=args.mode, full_rewrite_fraction=args.full_rewrite_fraction,
+        full_every=timedelta(hours=args.full_every_hours))
+
+
+def main(argv: list[str]) -> int:
+    def body() -> int:
+        config = parse_args(argv)
+        with pg.connect(settings.pg_dsn()) as conn:
+            tables = registry.load(conn, config.table)
+            if config.table is not None:
+                registry.require_present(tables)  # before Spark starts
+            # Over every table, one gone or dropped and created again is named at the end; the
+            # others are still compacted.
+            refused, todo = registry.left_out(tables)
+            results = [TableResult(t.qualified_name, "failed", error=why) for t, why in refused]
+            if todo:
+                from coldharbor.runtime.spark import get_session
+
+                spark = get_session("coldharbor-compact")
+                results += [compact_table(spark, conn, t, config) for t in todo]
+        for result in results:
+            log.info("result: %s", result)
+        raise_if_tables_failed(results, "compacted")
+        gave_up = [r.table for r in results if r.status == "gave_up"]
+        if gave_up:
+            log.error("compact gave up on %s: concurrent commits won every attempt; nothing of those "
+                      "partitions was rewritten; run it again later", ", ".join(gave_up))
+            return EXIT_GAVE_UP
+        return 0
+
+    return run_job("compact", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,134 @@
+"""What every job's main() shares: logging, and turning a domain error into one line and exit 2."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+
+from coldharbor.runtime.errors import ColdharborError, PostgresUnavailableError, PrivilegeError, jvm_message, one_line
+
+log = logging.getLogger(__name__)
+
+EXIT_REFUSED = 2  # a ColdharborError: bad input, or a tier unreachable; nothing half-done
+TRACEBACK_DIR_ENV = "COLDHARBOR_TRACEBACK_DIR"
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    # psycopg warns with its objects' reprs when a rollback on a lost connection fails; the job's own
+    # line says PostgreSQL was lost.
+    logging.getLogger("psycopg").setLevel(logging.ERROR)
+    # PySpark logs every failed query whole (JSON with the JVM stack) before it raises; the job
+    # says what failed in its own one line. (PySpark's logger class: its calls pass extra fields.)
+    from pyspark.logger import PySparkLogger
+
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
+    # ...and the Connect client warns on stderr before it raises for a server it gave up on.
+    warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
+
+
+EXIT_UNFORESEEN = 1  # an error no check foresaw: a bug to report, its traceback kept in a file
+
+
+def run_job(name: str, body: Callable[[], int], unexpected_exit: int = EXIT_UNFORESEEN) -> int:
+    """Runs `body`; a ColdharborError, a lost PostgreSQL or Spark Connect server or a refused
+    privilege is logged as one line: exit 2. Any other exception is one line too (`unexpected`,
+    naming the file that keeps its traceback for a bug report): exit `unexpected_exit`, 1 unless
+    the job's exit 1 means something else (verify: differences found). The Spark Connect sessions
+    it opened are released."""
+    from coldharbor.runtime.spark import release_sessions
+
+    configure_logging()
+    try:
+        return _run(name, body, unexpected_exit)
+    finally:
+        release_sessions()
+
+
+def unexpected(exc: BaseException) -> str:
+    """One line for an exception no check foresaw (a bug to report): its type, its message's first
+    line (a JVM error's cause) and the innermost line of Coldharbor's code it passed, which is what
+    a traceback would have shown a reader."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if "coldharbor" in Path(f.filename).parts[:-1]] or frames
+    where = f" (at {shown_path(ours[-1].filename)}:{ours[-1].lineno} in {ours[-1].name})" if ours else ""
+    return one_line(f"an error no check foresaw{where}: {type(exc).__name__}: {jvm_message(exc)}")
+
+
+def shown_path(filename: str) -> str:
+    """A source file as an error line names it: from the `coldharbor` package down
+    (coldharbor/export/export_job.py), else its name alone."""
+    parts = Path(filename).parts
+    if "coldharbor" in parts[:-1]:
+        return "/".join(parts[len(parts) - 1 - parts[::-1].index("coldharbor"):])
+    return Path(filename).name
+
+
+def reason(exc: BaseException) -> str:
+    """One line saying why `exc` happened, for a record or a warning beside the job's own error line:
+    a lost PostgreSQL or Spark Connect server as the job would name it, a ColdharborError's message,
+    else the JVM cause or the first line (never a multi-line gRPC or JVM repr)."""
+    from coldharbor.runtime.pg import lost_postgres
+    from coldharbor.runtime.spark import lost_spark
+
+    lost = lost_postgres(exc) or lost_spark(exc)
+    if lost is not None:
+        return one_line(str(lost))[:500]
+    if isinstance(exc, ColdharborError):
+        return one_line(str(exc))[:500]
+    return one_line(jvm_message(exc) if str(exc).strip() else type(exc).__name__)[:500]
+
+
+def keep_traceback(name: str, exc: BaseException) -> Path | None:
+    """Writes `exc`'s traceback to a file of its own (COLDHARBOR_TRACEBACK_DIR, else the temporary
+    folder) for the bug report, and returns it; None when it cannot be written."""
+    import os
+    import tempfile
+    import time
+    import traceback
+
+    folder = Path(os.environ.get(TRACEBACK_DIR_ENV) or tempfile.gettempdir())
+    path = folder / f"coldharbor-{name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.traceback"
+    try:
+        path.write_text("".join(traceback.format_exception(exc)))
+    except OSError:
+        return None
+    return path
+
+
+def _run(name: str, body: Callable[[], int], unexpected_exit: int) -> int:
+    from coldharbor.runtime import settings
+
+    try:
+        settings.check_settings()
+        return body()
+    except ColdharborError as exc:
+        log.error("%s failed: %s", name, exc)
+        return EXIT_REFUSED
+    except psycopg.OperationalError as exc:
+        log.error("%s failed: %s", name, PostgresUnavailableError(f"lost PostgreSQL: {exc}"))
+        return EXIT_REFUSED
+    except psycopg.errors.InsufficientPrivilege as exc:  # one the checks before the work did not foresee
+        log.error("%s failed: %s", name, PrivilegeError(
+            f"PostgreSQL refused the job's role: {exc.diag.message_primary} (see README, 'Roles and privileges')"))
+        return EXIT_REFUSED
+    except Exception as exc:
+        from coldharbor.runtime.pg import lost_postgres
+        from coldharbor.runtime.spark import lost_spark
+
+        # A Spark JDBC reader or writer that lost PostgreSQL, or the Spark Connect server gone.
+        lost = lost_postgres(exc) or lost_spark(exc)
+        if lost is not None:
+            log.error("%s failed: %s", name, lost)
+            return EXIT_REFUSED
+        kept = keep_traceback(name, exc)
+        log.error("%s failed: %s%s", name, unexpected(exc), f"; its traceback is in {kept}" if kept else "")
+        return unexpected_exit

@@ -1,0 +1,439 @@
+"""The SparkSession every job uses: Delta enabled, UTC, jars resolved from Maven Central once.
+
+A job runs on a classic session (spark-submit, or plain `python` starting its own JVM) or, when
+COLDHARBOR_SPARK_REMOTE names a Spark Connect server (`sc://127.0.0.1:15002`), as a thin client
+of that long-lived server: the same DataFrame/SQL code either way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+import weakref
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from coldharbor.runtime import settings
+from coldharbor.runtime.errors import ColdharborError, ConfigError, SparkUnavailableError
+
+# Settings a session may change for itself: every job sets them on its own session, so a Connect
+# server started by anyone gives each job the same behaviour.
+SESSION_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": os.environ.get("COLDHARBOR_SHUFFLE_PARTITIONS", "4"),
+    # Reports must not read arbitrary files from SQL (SELECT * FROM parquet.`/etc/...`).
+    "spark.sql.runSQLOnFiles": "false",
+    # ...nor substitute ${var}, ${system:...} or ${env:...} into SQL text after it was checked.
+    "spark.sql.variable.substitute": "false",
+    "spark.databricks.delta.schema.autoMerge.enabled": "false",
+    # Delta rebuilds table state (for txnVersion checks) in this many tasks; its default of 50
+    # turns a per-minute export into seconds of task overhead on a small machine.
+    "spark.databricks.delta.snapshotPartitions": os.environ.get("COLDHARBOR_DELTA_SNAPSHOT_PARTITIONS", "2"),
+    # VACUUM lists the table's folders in this many tasks; the default of 10,000 makes it minutes
+    # of task overhead even for a table of one folder.
+    "spark.sql.sources.parallelPartitionDiscovery.parallelism":
+        os.environ.get("COLDHARBOR_LISTING_PARALLELISM", "8"),
+}
+
+# Settings fixed when the JVM starts: spark-submit's (or the Connect server's launch) conf.
+SERVER_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.ui.enabled": "false",
+    # The driver's heap (local mode: the executors' too). Spark's 1g filled up in a long-lived engine
+    # (the test suite's, after ~1,000 tests) until a broadcast of a few rows failed for memory.
+    "spark.driver.memory": os.environ.get(settings.DRIVER_MEMORY_ENV, "2g"),
+    # Without the UI, nothing reads the status store's history of jobs, stages and SQL executions
+    # (each with its plan's metrics); a warm engine kept 1,000 of each for good.
+    "spark.sql.ui.retainedExecutions": "50",
+    "spark.ui.retainedJobs": "100",
+    "spark.ui.retainedStages": "100",
+    "spark.ui.retainedTasks": "10000",
+}
+
+# Knobs with their defaults; each can be overridden by spark-submit --conf or the environment.
+DEFAULT_CONF = {**SERVER_CONF, **SESSION_CONF}
+
+REMOTE_ENV = settings.SPARK_REMOTE_ENV
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def maven_packages() -> list[str]:
+    """Delta for this PySpark's major.minor, the PostgreSQL JDBC driver, and any extra packages
+    (hadoop-aws for an s3a:// lake)."""
+    import pyspark
+
+    spark_minor = ".".join(pyspark.__version__.split(".")[:2])
+    return [
+        f"io.delta:delta-spark_{spark_minor}_{settings.SCALA_BINARY_VERSION}:{settings.DELTA_JAR_VERSION}",
+        f"org.postgresql:postgresql:{settings.POSTGRES_JDBC_VERSION}",
+        *settings.extra_packages(),
+    ]
+
+
+def ivy_dir() -> str:
+    """Where resolved jars are cached: set-up fills it once so scheduled runs never download."""
+    return os.environ.get("COLDHARBOR_IVY_DIR", str(settings.DATA_DIR / "ivy"))
+
+
+def session_conf(master: str | None = None) -> dict[str, str]:
+    settings.check_spark_settings()
+    conf = dict(DEFAULT_CONF)
+    conf["spark.jars.packages"] = ",".join(maven_packages())
+    conf["spark.jars.ivy"] = ivy_dir()
+    if master:
+        conf["spark.master"] = master
+    return conf
+
+
+def connect_server_command(port: int, master: str = "local[2]", host: str = "127.0.0.1",
+                           extra_conf: Mapping[str, str] | None = None) -> list[str]:
+    """The spark-submit argv that starts a Spark Connect server the jobs can use: Delta, the JDBC
+    driver and every setting of `session_conf` (the session ones become each session's defaults),
+    listening on host:port only. `extra_conf` adds settings (the s3a ones for a lake on S3), never
+    the address or port (a --conf spark.connect.grpc.binding.address=0.0.0.0 listened everywhere).
+    Run it with SPARK_LOCAL_IP set and this environment's bin first on PATH (its Python runs the
+    server's Python workers)."""
+    conf = {k: v for k, v in session_conf().items() if k != "spark.jars.packages"}
+    conf.update({**(extra_conf or {}),
+                 "spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port)})
+    command = [spark_submit(), "--class", CONNECT_SERVER_CLASS, "--master", master,
+               "--packages", ",".join(maven_packages())]
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    return [*command, "spark-internal"]
+
+
+# A JVM names files in its locale's encoding (sun.jnu.encoding): under LC_ALL=C, or a UTF-8
+# locale the machine lacks, it is ASCII and a table folder named "tü" is written as "t?", which
+# another table's folder ("tö") is too.
+JVM_LOCALE = "C.UTF-8"
+
+
+def jvm_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` for a JVM Coldharbor starts (a classic session's, the Connect server's, spark-submit's):
+    its own locale when that is a UTF-8 one this machine has, else LC_ALL=C.UTF-8."""
+    env = dict(env)
+    current = env.get("LC_ALL") or env.get("LC_CTYPE") or env.get("LANG") or ""
+    if not (_names_utf8(current) and _usable_locale(current)):
+        env["LC_ALL"] = JVM_LOCALE
+    return env
+
+
+def _names_utf8(name: str) -> bool:
+    return bool(re.search(r"\.utf-?8(@|$)", name, re.IGNORECASE))
+
+
+def _usable_locale(name: str) -> bool:
+    import locale
+
+    with _LOCALE_LOCK:
+        previous = locale.setlocale(locale.LC_CTYPE)
+        try:
+            locale.setlocale(locale.LC_CTYPE, name)
+        except locale.Error:
+            return False
+        finally:
+            locale.setlocale(locale.LC_CTYPE, previous)
+    return True
+
+
+_LOCALE_LOCK = threading.Lock()
+
+
+def require_utf8_file_names(spark, path: str) -> None:
+    """ConfigError unless Spark's JVM writes `path`, which is not plain ASCII, under its own name:
+    a JVM started outside Coldharbor (spark-submit from a shell with LC_ALL=C, a cluster's
+    executors) may encode file names in ASCII. Asked in a task, where the files are written."""
+    if path.isascii():
+        return
+    encoding = spark.sql("SELECT reflect('java.lang.System', 'getProperty', 'sun.jnu.encoding') AS e").first()[0]
+    if (encoding or "").replace("-", "").upper() != "UTF8":
+        raise ConfigError(
+            f"Spark's JVM encodes file names as {encoding}, so the lake folder {path} would be written under "
+            "another name (each character outside ASCII becomes '?'); start Spark (spark-submit, the Connect "
+            f"server, the executors) with a UTF-8 locale, e.g. LC_ALL={JVM_LOCALE}")
+
+
+def spark_submit() -> str:
+    """spark-submit of the PySpark installed beside this Python (the one its jars match)."""
+    beside = Path(sys.executable).parent / "spark-submit"
+    return str(beside) if beside.exists() else "spark-submit"
+
+
+@contextmanager
+def temporary_conf(spark, values: dict[str, str]) -> Iterator[None]:
+    """Session settings for the duration of one block, restored (or unset) afterwards."""
+    previous = {key: spark.conf.get(key, None) for key in values}
+    try:
+        for key, value in values.items():
+            spark.conf.set(key, value)
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+def get_session(app_name: str):
+    """The job's session. With COLDHARBOR_SPARK_REMOTE, a new session of its own on that Spark
+    Connect server (its temp views, settings and checkpoints are its own). Under spark-submit the
+    submitted conf wins and only missing keys are filled in; run directly (tests, `python
+    jobs/x.py`) it starts `COLDHARBOR_SPARK_MASTER`.
+    """
+    url = settings.spark_remote()
+    if url is not None:
+        spark = connect_session(url, app_name)
+        _opened.__dict__.setdefault("sessions", []).append(spark)
+        return spark
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # launched by spark-submit
+        from pyspark import SparkContext
+
+        # Connect to spark-submit's JVM first: a SparkConf made before that is an empty Python dict,
+        # and every default below would then override what was submitted (spark.ui.enabled, ...).
+        SparkContext._ensure_initialized()
+        submitted = SparkConf()
+        conf = {k: v for k, v in session_conf().items() if not submitted.contains(k)}
+    else:
+        conf = session_conf(os.environ.get("COLDHARBOR_SPARK_MASTER", "local[2]"))
+        # The JVM PySpark starts now inherits this process's environment.
+        os.environ.update(jvm_environment(os.environ))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def sibling_session(spark, app_name: str):
+    """A session of its own for a worker thread of a job that runs work in parallel (temp views,
+    settings and checkpoints apart from `spark`'s): on Spark Connect a new session on the same
+    server, which the thread releases with release_sessions(); classic, spark.newSession() on the
+    same SparkContext, with `spark`'s values of the session settings (a new classic session starts
+    from the SparkContext's conf, which lacks them when the context was made elsewhere)."""
+    if is_connect(spark):
+        return get_session(app_name)
+    sibling = spark.newSession()
+    for key in SESSION_CONF:
+        value = spark.conf.get(key, None)
+        if value is not None:
+            sibling.conf.set(key, value)
+    return sibling
+
+
+# The Connect sessions get_session opened, per thread, until release_sessions().
+_opened = threading.local()
+
+
+def release_sessions() -> None:
+    """Releases the Spark Connect sessions this thread opened with get_session: the server drops
+    their temp views, settings and checkpoints now rather than after its idle timeout. Best effort,
+    without retrying: the server may be the thing that was lost."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    sessions, _opened.sessions = _opened.__dict__.get("sessions", []), []
+    for spark in sessions:
+        spark.client.set_retry_policies([DefaultPolicy(max_retries=0)])
+        spark.stop()
+
+
+def connect_session(url: str, app_name: str):
+    """A new Spark Connect session on the server at `url`, with the jobs' session settings; an
+    unreachable server is a SparkUnavailableError after at most COLDHARBOR_SPARK_REMOTE_WAIT_SECONDS."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    wait_s = settings.spark_remote_wait_seconds()
+    settings.check_spark_settings()
+    # The job's name travels as the client's user agent (the server's log and UI show it).
+    named = url if "user_agent=" in url else f"{url.rstrip('/')}{';' if '/;' in url else '/;'}user_agent={app_name}"
+    # PySpark's own builder (not the Connect module's) also switches pyspark.sql.functions and the
+    # other shared entry points to their Connect forms for this process.
+    spark = SparkSession.builder.remote(named).create()
+    spark.client.set_retry_policies([DefaultPolicy(**_retry_budget(wait_s))])
+    try:
+        for key, value in SESSION_CONF.items():
+            spark.conf.set(key, value)
+    except Exception as exc:
+        try:
+            spark.client.set_retry_policies([DefaultPolicy(max_retries=0)])
+            spark.stop()  # the server drops it now, not after its idle timeout
+        except Exception:  # noqa: BLE001 - best effort; the refusal below is what is reported
+            pass
+        raise lost_spark(exc) or SparkUnavailableError(
+            f"the Spark Connect server at {settings.shown_remote(url)} refused the session: {_first_line(exc)}"
+        ) from exc
+    return spark
+
+
+def _retry_budget(wait_s: float) -> dict[str, float | int]:
+    """DefaultPolicy arguments whose backoffs (0.2 s doubling up to 2 s) add up to about `wait_s`."""
+    retries, total, backoff = 0, 0.0, 0.2
+    while total + backoff <= wait_s:
+        total += backoff
+        retries += 1
+        backoff = min(backoff * 2, 2.0)
+    return {"max_retries": retries, "initial_backoff": 200, "backoff_multiplier": 2.0, "max_backoff": 2000,
+            "jitter": 0, "min_jitter_threshold": 2000}
+
+
+# What the Connect client says when the server is gone: its gRPC status (retried until the budget
+# ran out), or a server restarted since the session was opened (it knows the session no longer).
+_LOST_SERVER_MARKERS = ("StatusCode.UNAVAILABLE", "RETRIES_EXCEEDED", "INVALID_HANDLE.SESSION_NOT_FOUND",
+                        "INVALID_HANDLE.SESSION_CHANGED")
+
+
+_TLS_FAILURES = ("tsi_protocol_failure", "handshake failed")  # matched in lower case
+
+
+def lost_spark(exc: BaseException) -> ColdharborError | None:
+    """The one-line error for a job whose Spark Connect server is unreachable or was restarted,
+    or None when the failure is something else (a classic session never has this cause)."""
+    url = os.environ.get(REMOTE_ENV)
+    if not url:
+        return None
+    chain = _causes(exc)
+    if any(isinstance(e, SparkUnavailableError) for e in chain):
+        return next(e for e in chain if isinstance(e, SparkUnavailableError))
+    if not any(marker in f"{e!r} {e}" for e in chain for marker in _LOST_SERVER_MARKERS):
+        return None
+    import grpc
+
+    details = [str(e.details()) for e in chain
+               if isinstance(e, grpc.RpcError) and callable(getattr(e, "details", None))]
+    why = details[0] if details else _first_line(exc)
+    shown = settings.shown_remote(url)
+    if any(marker in f"{e!r} {e}".lower() for e in chain for marker in _TLS_FAILURES):
+        return SparkUnavailableError(f"the Spark Connect server at {shown} does not speak TLS, which a token or "
+                                     f"use_ssl=true in the URL asks for ({why[:300]}); fix the URL or the server")
+    return SparkUnavailableError(f"the Spark Connect server at {shown} is unreachable or was restarted ({why[:300]}); "
+                                 "start it (`make run`) and run the job again")
+
+
+DATA_EXCEPTION = "22"  # the SQLSTATE class of errors in the data: division by zero, overflow, a bad cast...
+RAISED = "P0"  # raise_error(...): the report's own (or sql_guard's bound on the texts it builds)
+# Spark's advice to turn ANSI mode off, a setting a report cannot change: the sentence goes.
+_NOT_FOR_USERS = re.compile(r"\s*If necessary set \S+ to \S+ to bypass this error[^.]*\.", re.IGNORECASE)
+# The same error as text, where Spark wrapped it (a task's failure inside a write's, as the JVM tells it).
+_DATA_EXCEPTION_TEXT = re.compile(r"\[[A-Z][A-Z0-9_.]*\] [^\n]*?SQLSTATE: (?:22|P0)[0-9A-Z]{3}")
+# Java's own errors for a value a function was given (no SQLSTATE): a regular expression that does
+# not compile, a format string its arguments do not fit.
+# (Not NumberFormatException or ArithmeticException: a setting or a library deep in a write's stack
+# throws those too, and a lake or a bug must not pass for the report's data.)
+_VALUE_ERROR_TEXT = re.compile(r"java\.util\.(?:regex\.PatternSyntaxException|[A-Za-z]*Format[A-Za-z]*Exception): [^\n]*")
+
+
+def data_error(exc: BaseException) -> str | None:
+    """Spark's one line for a value it could not compute while running a query, without its advice
+    to turn ANSI mode off: a SQLSTATE of class 22 (a data exception: a division by zero, an
+    overflow, a cast of text that is no number, an index out of range), or Java's error for a value
+    a function was given (a regular expression that does not compile, a format string its
+    arguments do not fit). None for any other failure."""
+    from pyspark.errors import PySparkException
+
+    chain = _causes(exc)
+    for cause in chain:
+        if isinstance(cause, PySparkException) and (cause.getSqlState() or "")[:2] in (DATA_EXCEPTION, RAISED):
+            return _shown(cause.getMessage() if hasattr(cause, "getMessage") else str(cause))
+    for pattern in (_DATA_EXCEPTION_TEXT, _VALUE_ERROR_TEXT):
+        for cause in chain:
+            found = pattern.search(str(cause))
+            if found:
+                return _shown(found.group(0))
+    return None
+
+
+def _shown(text: str) -> str:
+    return " ".join(_NOT_FOR_USERS.sub("", text.strip().splitlines()[0]).split())[:500]
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 10:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+def local_checkpoint(rows, eager: bool):
+    """`rows.localCheckpoint(eager)`, bound to the session `rows` belong to.
+
+    PySpark's Connect client gives the DataFrame a checkpoint returns to the thread's active
+    session, which stays the first session the thread opened: in a process with several sessions
+    (tests, a worker running jobs in-process) the checkpoint of a later one was then looked for in
+    the first one (DATAFRAME_NOT_FOUND), or released there. The session of `rows` is made the
+    thread's active one for the call; a classic session has no such step."""
+    holder = getattr(type(rows.sparkSession), "_active_session", None)  # a Connect session's thread-local
+    if holder is None:
+        return rows.localCheckpoint(eager)
+    previous = getattr(holder, "session", None)
+    holder.session = rows.sparkSession
+    try:
+        return rows.localCheckpoint(eager)
+    finally:
+        holder.session = previous
+
+
+_parallelism_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def base_parallelism(spark) -> int:
+    """How many JDBC readers read a base (a whole table): COLDHARBOR_BASE_READERS, else one fewer than
+    `parallelism` (at least one). A base reads every row as fast as PostgreSQL and Spark can take
+    them; the core left over is the application's, whose single-row writes otherwise wait for CPU
+    (bench.initial_load on 2 cores: 65 % of their unloaded rate with one reader, 34 % with two, the
+    load 181k and 236k rows/s)."""
+    return settings.base_readers() or max(1, parallelism(spark) - 1)
+
+
+def parallelism(spark) -> int:
+    """How many tasks the session runs at once (`cores`), which is how many JDBC readers share a
+    read; COLDHARBOR_JDBC_READERS overrides it."""
+    return settings.jdbc_readers() or cores(spark)
+
+
+def cores(spark) -> int:
+    """Spark's default parallelism (the cores of local mode, the executors' on a cluster). Asked of
+    Spark with a query, not of its SparkContext, which a Connect client does not have; once per
+    session."""
+    if spark not in _parallelism_seen:
+        from pyspark.sql import functions as F
+
+        # range() without a partition count splits into the default parallelism; each gets a row.
+        last = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("part")).agg(F.max("part")).first()[0]
+        _parallelism_seen[spark] = max(1, int(last) + 1)
+    return _parallelism_seen[spark]
+
+
+def interrupt_sessions(sessions) -> None:
+    """Best effort: stops what `sessions` run in Spark now (a Connect session's operations; a
+    classic session's jobs, which are its SparkContext's). For a job being stopped, whose own
+    failure is what gets reported."""
+    for session in sessions:
+        try:
+            if is_connect(session):
+                session.interruptAll()
+            else:
+                session.sparkContext.cancelAllJobs()
+        except Exception:  # noqa: BLE001 - the server may be the thing that was lost
+            continue
+
+
+def is_connect(session) -> bool:
+    """Whether `session` is a Spark Connect client's session (else a classic one)."""
+    return type(session).__module__.startswith("pyspark.sql.connect")

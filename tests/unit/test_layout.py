@@ -1,0 +1,76 @@
+"""The package's layout (issue 24): subpackages by stage, imports that only go down the stages,
+each subpackage saying what it owns, tests that mirror the tree, thin entrypoints."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import coldharbor
+
+PACKAGE = Path(coldharbor.__file__).resolve().parent
+PROJECT = PACKAGE.parents[1]
+# The stages, lowest first: a module may import from its own stage and the ones before it.
+STAGES = ["runtime", "capture", "lake", "export", "serve", "maintenance", "embedded"]
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every `coldharbor.` import in `path`, at any depth (function-level ones too)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "coldharbor":
+            found += [(node.lineno, node.module)] if node.module != "coldharbor" else \
+                [(node.lineno, f"coldharbor.{a.name}") for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "coldharbor"]
+    return found
+
+
+def test_every_module_sits_in_a_stage_and_every_stage_is_listed():
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py"]
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert folders == sorted(STAGES)
+
+
+def test_imports_go_down_the_stages_never_up():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).parts
+        if len(parts) < 2:
+            continue
+        own = STAGES.index(parts[0])
+        for line, module in imported_modules(path):
+            stage = module.split(".")[1] if module.count(".") else None
+            if stage not in STAGES:
+                wrong.append(f"{'/'.join(parts)}:{line} imports {module}, which is in no stage")
+            elif STAGES.index(stage) > own:
+                wrong.append(f"{'/'.join(parts)}:{line} imports {module} (a later stage than {parts[0]})")
+    assert wrong == []
+
+
+def test_each_subpackage_says_what_it_owns_naming_each_of_its_modules():
+    for stage in STAGES:
+        doc = ast.get_docstring(ast.parse((PACKAGE / stage / "__init__.py").read_text())) or ""
+        modules = sorted(p.stem for p in (PACKAGE / stage).glob("*.py") if p.stem != "__init__")
+        assert modules, stage
+        assert [m for m in modules if f"`{m}`" not in doc] == [], f"coldharbor.{stage}'s docstring"
+    top = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text())) or ""
+    assert [s for s in STAGES if f"\n    {s} " not in top] == []
+
+
+def test_tests_mirror_the_layout():
+    for kind in ("unit", "integration"):
+        folders = [p for p in (PROJECT / "tests" / kind).iterdir() if p.is_dir() and p.name != "__pycache__"]
+        assert folders, kind
+        assert [p.name for p in folders if p.name not in STAGES] == []
+        assert [p.name for p in folders if not (p / "__init__.py").exists()] == []
+    assert sorted(p.name for p in (PROJECT / "tests" / "integration").glob("test_*.py")) == []
+
+
+def test_entrypoints_stay_thin():
+    """jobs/<job>.py only hands its arguments to one main() of the package."""
+    for path in sorted((PROJECT / "jobs").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        mains = [m for _, m in imported_modules(path)]
+        assert len(mains) == 1 and mains[0].split(".")[1] in STAGES, path.name
+        assert len(tree.body) <= 4, path.name  # docstring, import sys, the import of main, the call

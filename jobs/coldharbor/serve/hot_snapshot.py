@@ -19,11 +19,11 @@ import pyarrow.compute as pc
 from psycopg import sql
 
 from coldharbor.capture import registry
-from coldharbor.lake import delta, lake_values
-from coldharbor.export import base_load, batches, hot_reader
-from coldharbor.runtime.errors import LakeUnavailableError
-from coldharbor.lake.lake_rows import DELETED
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
+from coldharbor.export import base_load, batches, hot_reader
+from coldharbor.lake import delta, lake_values
+from coldharbor.lake.lake_rows import DELETED
+from coldharbor.runtime.errors import LakeUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -94,27 +94,12 @@ def arrow_type(lake_type: str) -> pa.DataType:
     return _ARROW_TYPES[lake_type]
 
 
-def _changes_since(table: RegisteredTable, pinned_version: int) -> sql.Composed:
-    """Change rows not in lake@pinned_version: unflushed, or flushed by a later batch."""
-    return sql.SQL("""
-        SELECT key, id FROM coldharbor.change_log
-         WHERE table_id = {table_id} AND flushed_at IS NULL
-        UNION ALL
-        SELECT key, id FROM coldharbor.change_log
-         WHERE table_id = {table_id} AND lake_version > {version}""").format(
-        table_id=sql.Literal(table.table_id), version=sql.Literal(pinned_version))
-
-
 def dirty_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], pinned_version: int,
                        relation: sql.Composable | None = None) -> sql.Composed:
-    return sql.SQL("""
-        WITH dirty AS (SELECT DISTINCT key FROM ({changes}) changes)
-        SELECT {columns}, {missing} AS {deleted}
-        FROM dirty d LEFT JOIN {table} t ON {key_match}""").format(
-        changes=_changes_since(table, pinned_version),
-        columns=hot_reader.checked_select(columns, hot_reader.image_value, through_jdbc=False),
-        deleted=sql.Identifier(DELETED), table=relation or table.identifier, key_match=hot_reader.key_match(columns),
-        missing=hot_reader.row_missing(columns))
+    """The dirty keys of lake@pinned_version and their images, as the export defines them
+    (`hot_reader.dirty_images_query`), read through psycopg."""
+    return hot_reader.dirty_images_query(table, columns, since_version=pinned_version, changed_at=None,
+                                         relation=relation, through_jdbc=False)
 
 
 def deleted_keys_query(table: RegisteredTable, columns: Sequence[LakeColumn], pinned_version: int,

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
+from coldharbor.capture.registry import split_name
 from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import ConfigError
-from coldharbor.export.hot_reader import dirty_images_query
 from coldharbor.runtime.pg import JdbcTarget, describe
-from coldharbor.capture.registry import LakeColumn, RegisteredTable, split_name
 
 
 def test_missing_dsn_is_a_clear_error(monkeypatch):
@@ -78,19 +76,6 @@ def test_split_name(name, expected):
 def test_split_name_refuses_malformed_names(bad):
     with pytest.raises(ConfigError, match="not of the form schema.table"):
         split_name(bad)
-
-
-def test_dirty_images_query_quotes_identifiers_and_reads_keys_from_the_change_log():
-    table = RegisteredTable(7, "Sales", 'odd"name', ("id",), None, (), ())
-    columns = [LakeColumn("id", "bigint", "LONG", 1), LakeColumn("u", "uuid", "STRING", None)]
-    text = dirty_images_query(table, columns).as_string(None)
-    assert '"Sales"."odd""name"' in text
-    assert "(c.key ->> 'id')::bigint AS \"_ch_k0\"" in text and 'd."_ch_k0" AS "id"' in text
-    assert '(t."u")::text AS "u"' in text
-    assert "flushed_at IS NULL" in text and "table_id = 7" in text
-    assert "jsonb_hash" not in text, "one reader reads every dirty key"
-    share = dirty_images_query(table, columns, part=1, parts=2).as_string(None)
-    assert "(jsonb_hash(c.key) & 2147483647) % 2 = 1" in share
 
 
 @pytest.mark.parametrize(("mode", "path", "needed"), [

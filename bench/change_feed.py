@@ -21,9 +21,10 @@ import sys
 import tempfile
 import time
 
-from bench.common import Row, median, render, temporary_postgres, timed
 from coldharbor.runtime import pg
 from coldharbor.serve import changes
+
+from bench.common import Row, median, render, temporary_postgres, timed
 
 
 def run(rows: int = 1_000_000, change_count: int = 100_000, runs: int = 3) -> list[Row]:

@@ -31,11 +31,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.common import Row, median, render
-from coldharbor.runtime import engine, pg, settings
 from coldharbor.embedded import service
-from coldharbor.runtime.spark import ivy_dir, maven_packages, release_sessions
 from coldharbor.embedded.stack import free_port, throwaway_server
+from coldharbor.runtime import engine, pg, settings
+from coldharbor.runtime.spark import ivy_dir, maven_packages, release_sessions
+
+from bench.common import Row, median, render
 
 JOBS = settings.PROJECT_DIR / "jobs"
 BIN = Path(sys.executable).parent

@@ -16,10 +16,11 @@ import json
 import sys
 import tempfile
 
-from bench.common import Row, median, render, temporary_postgres, timed
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
 from coldharbor.export.export_job import ExportConfig, export_table
+from coldharbor.runtime import pg
+
+from bench.common import Row, median, render, temporary_postgres, timed
 
 # attribute -> (JSON Schema property, plain column type, SQL value of record g)
 ATTRIBUTES = {

@@ -22,10 +22,10 @@ import tempfile
 from pathlib import Path
 
 import psycopg
+from coldharbor.runtime import pg
 from psycopg.conninfo import conninfo_to_dict
 
 from bench.common import Row, median, render, temporary_postgres, timed
-from coldharbor.runtime import pg
 
 
 def build(dsn: str, tables: int, lake_root: str) -> None:

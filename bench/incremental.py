@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 
 import psycopg
+from coldharbor.capture import registry
+from coldharbor.export.export_job import ExportConfig, export_table
+from coldharbor.runtime import pg
+from coldharbor.serve import incremental, serve_cli
 from psycopg import sql
 
 from bench.common import Row, median, render, temporary_postgres
-from coldharbor.runtime import pg
-from coldharbor.capture import registry
-from coldharbor.serve import incremental, serve_cli
-from coldharbor.export.export_job import ExportConfig, export_table
 
 SUMS = ("SELECT grp, count(*) AS n, count(note) AS notes, sum(amount) AS total, avg(amount) AS mean "
         "FROM bench_inc WHERE flag GROUP BY grp")

@@ -21,12 +21,12 @@ import tempfile
 import time
 
 import psycopg
+from coldharbor.capture import registry
+from coldharbor.export.export_job import ExportConfig, export_table
+from coldharbor.maintenance import verify
+from coldharbor.runtime import pg
 
 from bench.common import Row, render, temporary_postgres, timed
-from coldharbor.runtime import pg
-from coldharbor.capture import registry
-from coldharbor.maintenance import verify
-from coldharbor.export.export_job import ExportConfig, export_table
 
 COLUMNS = """id bigint PRIMARY KEY, customer integer NOT NULL, amount numeric(12,2) NOT NULL, price double precision,
              status text NOT NULL, note varchar(40), created date NOT NULL, updated timestamptz NOT NULL,

@@ -28,13 +28,13 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import pyarrow as pa
-
-from bench.common import Row, median, render, temporary_postgres, timed
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
 from coldharbor.lake import delta
-from coldharbor.serve import serve_cli
 from coldharbor.maintenance.compaction import CompactionConfig, compact_table
+from coldharbor.runtime import pg
+from coldharbor.serve import serve_cli
+
+from bench.common import Row, median, render, temporary_postgres, timed
 
 DDL = "id bigint PRIMARY KEY, customer integer, amount numeric(12,2), status text"
 REPORT = "SELECT status, count(*) AS n, sum(amount) AS total, max(customer) AS c FROM {table} GROUP BY status"

@@ -33,13 +33,13 @@ import tempfile
 import time
 from datetime import datetime, timezone
 
+from coldharbor.capture import roles
+from coldharbor.embedded import stack
+from coldharbor.runtime import pg, settings
+from coldharbor.runtime.spark import ivy_dir, maven_packages
 from psycopg import sql
 
 from bench.common import Row, median, render, temporary_postgres
-from coldharbor.runtime import pg, settings
-from coldharbor.capture import roles
-from coldharbor.embedded import stack
-from coldharbor.runtime.spark import ivy_dir, maven_packages
 
 
 def _spark_submit_export(dsn: str, lake_root: str) -> tuple[float, float]:

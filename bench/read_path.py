@@ -39,17 +39,17 @@ from decimal import Decimal
 from pathlib import Path
 
 import duckdb
+from coldharbor.capture import registry
+from coldharbor.lake import delta
+from coldharbor.lake.lake_rows import NEWEST, SETTLED, latest_per_key
+from coldharbor.lake.unified import cold_live
+from coldharbor.maintenance.compaction import CompactionConfig, compact_table
+from coldharbor.runtime import pg
+from coldharbor.serve import hot_snapshot, serve_job, sql_guard
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from bench.common import Row, median, render, temporary_postgres, timed
-from coldharbor.runtime import pg
-from coldharbor.capture import registry
-from coldharbor.lake import delta
-from coldharbor.serve import hot_snapshot, serve_job, sql_guard
-from coldharbor.maintenance.compaction import CompactionConfig, compact_table
-from coldharbor.lake.lake_rows import NEWEST, SETTLED, latest_per_key
-from coldharbor.lake.unified import cold_live
 
 TABLE = "bench_events"
 REPORTS = {
@@ -344,8 +344,9 @@ def run_settings(rows: int, dirty_fraction: float, repeats: int, exports: int, s
 @contextmanager
 def on_warm_engine() -> Iterator[SparkSession]:
     """A session on a Spark Connect server as `make run` starts one (local[2], loopback)."""
-    from bench.engine import connect_server
     from coldharbor.runtime.spark import connect_session
+
+    from bench.engine import connect_server
 
     with tempfile.TemporaryDirectory(prefix="coldharbor-bench-engine-") as folder, \
             connect_server(Path(folder) / "server.log") as (url, _):

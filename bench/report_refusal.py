@@ -18,12 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Row, median, render, temporary_postgres
 from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import ReportError
-from coldharbor.serve.report_spec import parse_report
 from coldharbor.runtime.spark import ivy_dir, maven_packages
+from coldharbor.serve.report_spec import parse_report
 from coldharbor.serve.sql_guard import check_query
+
+from bench.common import Row, median, render, temporary_postgres
 from tests.report_corpus import ORDERS, REGISTERED, create_tables, fill, hostile, legitimate
 
 HOSTILE_SQL = f"SELECT TRANSFORM(order_id) USING 'touch {{marker}}' AS (x) FROM {ORDERS}"

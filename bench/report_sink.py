@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from psycopg import sql
-
-from bench.common import Row, median, render, temporary_postgres, timed
 from coldharbor.runtime import pg
 from coldharbor.serve import report_tables, sinks
 from coldharbor.serve.report_spec import REPORTS_SCHEMA
+from psycopg import sql
+
+from bench.common import Row, median, render, temporary_postgres, timed
 
 
 def report_result(spark, rows: int):

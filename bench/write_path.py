@@ -14,12 +14,12 @@ import sys
 import tempfile
 
 import psycopg
-
-from bench.common import Row, median, render, temporary_postgres, timed
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
 from coldharbor.export.export_job import ExportConfig, export_table
+from coldharbor.runtime import pg
 from coldharbor.runtime.settings import PROJECT_DIR
+
+from bench.common import Row, median, render, temporary_postgres, timed
 
 TEN_COLUMNS = """id bigint PRIMARY KEY, customer text, amount numeric(12,2), qty integer, price double precision,
     status varchar(16), paid boolean, created date, updated_at timestamptz, note text"""

@@ -38,9 +38,9 @@ LONG_LIVED_SUBMIT_OPTS = " ".join(filter(None, [os.environ.get("SPARK_SUBMIT_OPT
                                                 "-Dspark.sql.codegen.factoryMode=NO_CODEGEN"]))
 os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [LONG_LIVED_SUBMIT_OPTS, "-XX:TieredStopAtLevel=1"]))
 
-from coldharbor.runtime import pg
 from coldharbor.capture import migrate  # noqa: E402
 from coldharbor.embedded.stack import Logins, throwaway_server  # noqa: E402
+from coldharbor.runtime import pg
 
 _class_archive = None  # tests/class_archive.py: written while the first tests run
 

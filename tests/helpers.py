@@ -13,11 +13,10 @@ from decimal import Decimal
 from pathlib import Path
 
 import psycopg
-
-from coldharbor.runtime import faults, pg
 from coldharbor.capture import registry, roles
 from coldharbor.export.export_job import ExportConfig, TableResult, export_table
 from coldharbor.lake.lake_rows import live_rows
+from coldharbor.runtime import faults, pg
 
 PROJECT = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,6 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from coldharbor_airflow.hooks import DEFAULT_CONN_ID, ColdharborHook
 from coldharbor_airflow.paths import import_jobs_package
-from coldharbor.runtime.errors import one_line
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +26,7 @@ log = logging.getLogger(__name__)
 def describe(broken: dict[str, Any]) -> str:
     lag, promise = float(broken["lag_s"]), float(broken["promise_s"])
     import_jobs_package()
+    from coldharbor.runtime.errors import one_line
 
     name = one_line(broken["name"])  # a newline in a table's name must not forge a second log line
     why = (f"its initial load (or a new base after DDL) has been pending since {broken['oldest'].isoformat()}: "

@@ -31,11 +31,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from airflow.providers.common.compat.openlineage.facet import (
-    Dataset,
-    SchemaDatasetFacet,
-    SchemaDatasetFacetFields,
-)
+from airflow.providers.common.compat.openlineage.facet import Dataset, SchemaDatasetFacet, SchemaDatasetFacetFields
 from airflow.providers.openlineage.extractors import OperatorLineage
 
 from coldharbor_airflow.paths import import_jobs_package
@@ -86,8 +82,8 @@ def job_lineage(job: str, argv: Sequence[str], dsn: str, lake_root: str) -> Oper
     """The datasets one run of `job` with `argv` reads and writes, from the registry (and, for a
     report, its checked SQL): a report that would be refused names no dataset."""
     import_jobs_package()
-    from coldharbor.runtime import pg
     from coldharbor.capture import registry
+    from coldharbor.runtime import pg
     from coldharbor.runtime.errors import ColdharborError
 
     with pg.connect(dsn) as conn:
@@ -132,8 +128,8 @@ def _tables(conn, argv: Sequence[str]):
 def _report(conn, argv: Sequence[str], dsn: str, lake_root: str) -> OperatorLineage:
     from coldharbor.capture import registry
     from coldharbor.runtime.errors import ColdharborError
-    from coldharbor.serve.serve_job import validate_report
     from coldharbor.serve.serve_cli import build_config, build_parser
+    from coldharbor.serve.serve_job import validate_report
 
     if "--lake-root" not in argv:  # the operator's lake root (its argument, the Variable, the environment)
         argv = [*argv, "--lake-root", lake_root]

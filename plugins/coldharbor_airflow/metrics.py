@@ -104,7 +104,7 @@ def read_figures() -> dict[str, Any] | None:
 def families(figures: dict[str, Any] | None) -> Iterator[GaugeMetricFamily]:
     """The gauges for `read_figures()`, or only `coldharbor_up` saying PostgreSQL is down when
     they are None."""
-    from coldharbor_airflow.lake_files import read_log, folder
+    from coldharbor_airflow.lake_files import folder, read_log
 
     up = GaugeMetricFamily("coldharbor_up", "1 when Coldharbor could read the tier, else 0.", labels=["tier"])
     up.add_metric(["postgres"], 0 if figures is None else 1)

@@ -32,12 +32,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
-
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
 from coldharbor.lake import lake_store
 from coldharbor.maintenance import cleanup, compaction, purge
+from coldharbor.runtime import pg
+from psycopg import sql
+
 from tests.connect_server import run_job
 from tests.consistency.model import Model
 from tests.helpers import export, lake_live, spark_submit

@@ -43,8 +43,14 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("COLDHARBOR_SPARK_MASTER", "local[2]")
     from coldharbor.embedded.stack import throwaway_server
-    from tests.consistency.harness import CRASH_POINTS, LOAD_POINTS, CrashPointNotReached, OrphanNotSettled, \
-        run_sequence
+
+    from tests.consistency.harness import (
+        CRASH_POINTS,
+        LOAD_POINTS,
+        CrashPointNotReached,
+        OrphanNotSettled,
+        run_sequence,
+    )
 
     # Two crash points per seed, and every other seed also kills its table's initial load.
     points = sorted(p for p in CRASH_POINTS if p not in LOAD_POINTS)

@@ -10,6 +10,7 @@ import time
 
 from coldharbor.capture import registry
 from coldharbor.lake import lake_store
+
 from tests.connect_server import run_job
 from tests.consistency.test_connect_server_kill import REGIONS, assert_converged, change, make_table, ok
 from tests.helpers import wait_until_paused

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from coldharbor.capture import registry
 from coldharbor.lake import delta
+
 from tests.connect_server import run_job, running_server, start_job
 from tests.helpers import dirty_ids, lake_live, lake_table, pg_rows, wait_until_paused
 from tests.integration.runtime.test_connect_sessions import one_error_line

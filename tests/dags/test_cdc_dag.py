@@ -10,9 +10,8 @@ from tests.helpers import PROJECT, dirty_ids, lake_live, pg_rows
 def test_one_cycle_exports_the_dirty_table_and_a_clean_cycle_maps_nothing(airflow_home, spark, pg_conn,
                                                                          table_name, tmp_path, monkeypatch):
     from airflow.dag_processing.dagbag import DagBag
-    from delta.tables import DeltaTable
-
     from coldharbor_airflow.hooks import ColdharborHook
+    from delta.tables import DeltaTable
 
     lake_root = str(tmp_path / "lake")
     monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", lake_root)

@@ -10,9 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from coldharbor.runtime import pg
 from coldharbor.embedded.stack import free_port, throwaway_server
+from coldharbor.runtime import pg
+
 from tests.helpers import PROJECT, connect_session, dirty_ids, lake_live, pg_rows
 
 HOSTILE = "it's \"quoted\"; DROP TABLE x; -- ünïcødé ${env:HOME} {{ params }}"

@@ -150,9 +150,8 @@ def test_a_password_put_into_the_spark_settings_by_hand_is_refused(job_connectio
 
 def test_the_connections_libpq_settings_reach_the_dsn_and_others_are_refused(job_connections, monkeypatch):
     from airflow.sdk.exceptions import AirflowException
-    from psycopg.conninfo import conninfo_to_dict
-
     from coldharbor_airflow.hooks import ColdharborHook
+    from psycopg.conninfo import conninfo_to_dict
 
     monkeypatch.setenv("AIRFLOW_CONN_COLDHARBOR_PG", json.dumps({
         "conn_type": "postgres", "host": "db", "login": "u", "password": "p", "schema": "shop",

@@ -10,8 +10,8 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-
 from coldharbor.runtime import pg
+
 from tests.helpers import PROJECT, export
 
 
@@ -44,7 +44,6 @@ def test_a_promise_that_is_no_positive_interval_of_at_most_30_days_is_refused_na
 def test_an_export_held_past_the_promise_fails_check_freshness_and_turns_the_page_red(
         airflow_home, spark, pg_dsn, admin_dsn, pg_conn, table_name, lake_root, capsys, caplog):
     from airflow.dag_processing.dagbag import DagBag
-
     from coldharbor_airflow.health_page import render
     from coldharbor_airflow.hooks import ColdharborHook
 

@@ -179,10 +179,9 @@ def test_the_page_shows_each_tables_initial_load_and_last_verify(airflow_home, s
                                                                  tmp_path, monkeypatch):
     """A table whose load is pending, one loaded and verified in sync, one whose lake was edited by
     hand and verified out of sync (the sample keys stay in the task log, not on the page)."""
-    from delta.tables import DeltaTable
-
     from coldharbor.maintenance import verify
     from coldharbor_airflow import health_page
+    from delta.tables import DeltaTable
 
     lake_root = str(tmp_path / "lake")
     monkeypatch.setenv("COLDHARBOR_LAKE_ROOT", lake_root)
@@ -368,10 +367,9 @@ def test_the_metrics_say_which_tier_is_down_without_a_path(airflow_home, spark, 
     """A database of its own with one exported table: the lake is up; its lake root moved away:
     coldharbor_up{tier="lake"} 0; PostgreSQL unreachable: only coldharbor_up{tier="postgres"} 0. The
     reasons go to the server's log, not the metrics."""
-    from psycopg.conninfo import conninfo_to_dict
-
     from coldharbor.runtime import pg
     from coldharbor_airflow import metrics
+    from psycopg.conninfo import conninfo_to_dict
 
     admin_dsn, jobs_dsn = own_database
     lake_root = str(tmp_path / "lake")

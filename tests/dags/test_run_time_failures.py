@@ -132,7 +132,6 @@ def test_postgres_down_fails_the_cdc_dag_first_task_and_it_is_retried(airflow_ho
     put up for retry (retries with back-off) rather than failed outright."""
     from airflow.dag_processing.dagbag import DagBag
     from airflow.sdk.exceptions import AirflowException
-
     from coldharbor_airflow.hooks import ColdharborHook
 
     port = closed_port()

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-
 from coldharbor.runtime import pg
+
 from tests.entities import HOT, SCHEMA, define
 from tests.helpers import app_login, export
 from tests.report_corpus import CUSTOMERS, ITEMS, ORDERS, change_after_export, create_tables, table_counts

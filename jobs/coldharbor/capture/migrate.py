@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psycopg
 
-from coldharbor.runtime import pg, settings
 from coldharbor.capture import roles
+from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import ColdharborError
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from coldharbor.runtime import engine, pg, settings
 from coldharbor.embedded import stack
+from coldharbor.runtime import engine, pg, settings
 
 log = logging.getLogger(__name__)
 

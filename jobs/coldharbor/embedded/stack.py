@@ -27,9 +27,9 @@ from pathlib import Path
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from coldharbor.runtime import pg, settings
 from coldharbor.capture import migrate, roles
 from coldharbor.embedded.postgres import EmbeddedPostgres, new_password
+from coldharbor.runtime import pg, settings
 
 log = logging.getLogger(__name__)
 

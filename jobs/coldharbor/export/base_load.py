@@ -33,15 +33,15 @@ from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor.runtime import faults, pg
 from coldharbor.capture import registry
-from coldharbor.lake import delta, lake_values
-from coldharbor.export import table_reader
-from coldharbor.runtime.errors import ConfigError, LakeUnavailableError, TableBusyError, jvm_message
-from coldharbor.lake.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, column, latest_per_key, to_lake_rows
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.runtime.spark import base_parallelism
+from coldharbor.export import table_reader
+from coldharbor.lake import delta, lake_values
+from coldharbor.lake.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, column, latest_per_key, to_lake_rows
 from coldharbor.lake.unified import table_contract
+from coldharbor.runtime import faults, pg
+from coldharbor.runtime.errors import ConfigError, LakeUnavailableError, TableBusyError, jvm_message
+from coldharbor.runtime.spark import base_parallelism
 
 log = logging.getLogger(__name__)
 

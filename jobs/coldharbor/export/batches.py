@@ -14,9 +14,9 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
-from coldharbor.runtime import faults
-from coldharbor.export import hot_reader
 from coldharbor.capture.registry import RegisteredTable
+from coldharbor.export import hot_reader
+from coldharbor.runtime import faults
 
 log = logging.getLogger(__name__)
 

@@ -26,16 +26,16 @@ from typing import TypeVar
 import psycopg
 from pyspark.sql import SparkSession
 
-from coldharbor.runtime import faults, pg, settings
 from coldharbor.capture import registry
-from coldharbor.lake import delta
+from coldharbor.capture.registry import RegisteredTable
 from coldharbor.export import base_load, batches, hot_reader
+from coldharbor.lake import delta
+from coldharbor.lake.lake_rows import to_lake_rows
+from coldharbor.lake.unified import table_contract
+from coldharbor.runtime import faults, pg, settings
 from coldharbor.runtime import spark as spark_sessions
 from coldharbor.runtime.errors import ColdharborError, LakeUnavailableError, one_line, raise_if_tables_failed
 from coldharbor.runtime.job_main import reason, run_job
-from coldharbor.lake.lake_rows import to_lake_rows
-from coldharbor.capture.registry import RegisteredTable
-from coldharbor.lake.unified import table_contract
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

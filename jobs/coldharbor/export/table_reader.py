@@ -18,10 +18,10 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 
+from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.export.hot_reader import as_output, snapshot_read
 from coldharbor.lake.lake_rows import column
 from coldharbor.runtime.pg import JdbcTarget
-from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.runtime.spark import parallelism as spark_parallelism
 
 

@@ -14,9 +14,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from coldharbor.lake import lake_store
+from coldharbor.lake.lake_rows import BATCH_ID, CHANGED_AT, METADATA_COLUMNS, SEQ, SETTLED, SettledSplit, column, quoted
 from coldharbor.runtime import spark as spark_sessions
 from coldharbor.runtime.errors import ColdharborError, ConfigError, LakeUnavailableError, jvm_message
-from coldharbor.lake.lake_rows import BATCH_ID, CHANGED_AT, METADATA_COLUMNS, SEQ, SETTLED, SettledSplit, column, quoted
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 import psycopg
 from psycopg import sql
 
-from coldharbor.runtime.errors import UnrepresentableValueError
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
+from coldharbor.runtime.errors import UnrepresentableValueError
 
 DATE_RANGE = ("0001-01-01", "9999-12-31 23:59:59.999999")
 CALENDAR_GAP = ("1582-10-05", "1582-10-14")

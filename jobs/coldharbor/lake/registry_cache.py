@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from pyspark.sql import SparkSession
 
+from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.lake import lake_store
 from coldharbor.runtime.errors import PostgresUnavailableError
-from coldharbor.capture.registry import LakeColumn, RegisteredTable
 
 
 def cache_path(lake_root: str) -> str:

@@ -16,8 +16,8 @@ from datetime import datetime
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from coldharbor.lake.lake_rows import CHANGED_AT, DELETED, SettledSplit, Transform, column, latest_per_key, live_rows
 from coldharbor.capture.registry import LakeColumn
+from coldharbor.lake.lake_rows import CHANGED_AT, DELETED, SettledSplit, Transform, column, latest_per_key, live_rows
 
 
 def table_contract(columns: Sequence[LakeColumn]) -> Transform:

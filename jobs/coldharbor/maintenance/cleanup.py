@@ -26,15 +26,15 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import SparkSession
 
-from coldharbor.runtime import faults, pg, settings
 from coldharbor.capture import registry
+from coldharbor.capture.registry import RegisteredTable
 from coldharbor.lake import delta, lake_store
-from coldharbor.serve import report_runs
 from coldharbor.maintenance import maintenance_runs
+from coldharbor.runtime import faults, pg, settings
 from coldharbor.runtime.errors import ColdharborError, ConfigError, raise_if_tables_failed
 from coldharbor.runtime.job_main import reason, run_job
-from coldharbor.capture.registry import RegisteredTable
 from coldharbor.runtime.spark import temporary_conf
+from coldharbor.serve import report_runs
 
 log = logging.getLogger(__name__)
 

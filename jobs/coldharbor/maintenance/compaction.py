@@ -47,15 +47,15 @@ import psycopg
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor.runtime import faults, pg, settings
 from coldharbor.capture import registry
+from coldharbor.capture.registry import RegisteredTable
 from coldharbor.lake import delta
-from coldharbor.maintenance import maintenance_runs
-from coldharbor.runtime.errors import ConfigError, LakeUnavailableError, jvm_message, raise_if_tables_failed
-from coldharbor.runtime.job_main import reason, run_job
 from coldharbor.lake.delta import LakeFile, LakeSnapshot
 from coldharbor.lake.lake_rows import BATCH_ID, DELETED, KEEP, SETTLED, column, mark_kept, mark_settled, quoted
-from coldharbor.capture.registry import RegisteredTable
+from coldharbor.maintenance import maintenance_runs
+from coldharbor.runtime import faults, pg, settings
+from coldharbor.runtime.errors import ConfigError, LakeUnavailableError, jvm_message, raise_if_tables_failed
+from coldharbor.runtime.job_main import reason, run_job
 
 log = logging.getLogger(__name__)
 

@@ -35,18 +35,18 @@ from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor.runtime import pg, settings
 from coldharbor.capture import registry
-from coldharbor.lake import delta, lake_store, lake_values
+from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.export import hot_reader
+from coldharbor.export.export_job import recover_pending
+from coldharbor.lake import delta, lake_store, lake_values
+from coldharbor.lake.lake_rows import DELETED, SETTLED, column, latest_per_key, quoted
 from coldharbor.maintenance import maintenance_runs, purge_predicate
 from coldharbor.maintenance.cleanup import DELTA_GUARD_HOURS, check_retention, vacuum_files
-from coldharbor.runtime.errors import LakeUnavailableError, TableBusyError
-from coldharbor.export.export_job import recover_pending
-from coldharbor.runtime.job_main import reason, run_job
-from coldharbor.lake.lake_rows import DELETED, SETTLED, column, latest_per_key, quoted
 from coldharbor.maintenance.purge_predicate import Predicate
-from coldharbor.capture.registry import LakeColumn, RegisteredTable
+from coldharbor.runtime import pg, settings
+from coldharbor.runtime.errors import LakeUnavailableError, TableBusyError
+from coldharbor.runtime.job_main import reason, run_job
 from coldharbor.runtime.spark import temporary_conf
 from coldharbor.runtime.spark_python import collectable, collected
 

@@ -33,8 +33,8 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError
 
-from coldharbor.runtime.errors import ConfigError, one_line
 from coldharbor.capture.registry import LakeColumn
+from coldharbor.runtime.errors import ConfigError, one_line
 
 ORDERED = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between, exp.In)
 EQUALITY = (exp.EQ, exp.NEQ, exp.In)

@@ -17,14 +17,14 @@ import logging
 import sys
 from dataclasses import dataclass
 
-from coldharbor.runtime import pg, settings
 from coldharbor.capture import registry
-from coldharbor.export import base_load
-from coldharbor.maintenance import maintenance_runs
-from coldharbor.runtime.errors import TableBusyError
-from coldharbor.export.export_job import recover_pending
-from coldharbor.runtime.job_main import run_job
 from coldharbor.capture.table_job import one_table
+from coldharbor.export import base_load
+from coldharbor.export.export_job import recover_pending
+from coldharbor.maintenance import maintenance_runs
+from coldharbor.runtime import pg, settings
+from coldharbor.runtime.errors import TableBusyError
+from coldharbor.runtime.job_main import run_job
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from psycopg import sql
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from coldharbor.lake.lake_rows import column
 from coldharbor.capture.registry import LakeColumn
+from coldharbor.lake.lake_rows import column
 
 NULL = "N"
 SEPARATOR = "|"

@@ -27,20 +27,20 @@ import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor.runtime import pg, settings
 from coldharbor.capture import registry
-from coldharbor.lake import delta, lake_values
+from coldharbor.capture.registry import LakeColumn, RegisteredTable
+from coldharbor.capture.table_job import one_table
 from coldharbor.export import base_load, batches, table_reader
-from coldharbor.serve import hot_snapshot
+from coldharbor.export.table_reader import TableSnapshot
+from coldharbor.lake import delta, lake_values
+from coldharbor.lake.lake_rows import column
 from coldharbor.maintenance import maintenance_runs, verify_digests
+from coldharbor.maintenance.verify_digests import CHUNK, HASH, WEIGHT, Chunking
+from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import ColdharborError, ConfigError, LakeUnavailableError, jvm_message, one_line
 from coldharbor.runtime.job_main import EXIT_REFUSED, run_job
-from coldharbor.capture.table_job import one_table
-from coldharbor.lake.lake_rows import column
-from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.runtime.spark_python import collectable, collected
-from coldharbor.export.table_reader import TableSnapshot
-from coldharbor.maintenance.verify_digests import CHUNK, HASH, WEIGHT, Chunking
+from coldharbor.serve import hot_snapshot
 
 log = logging.getLogger(__name__)
 

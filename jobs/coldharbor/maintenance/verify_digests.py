@@ -22,12 +22,12 @@ from psycopg import sql
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor.lake import delta, lake_values
+from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.export import hot_reader
+from coldharbor.lake import delta, lake_values
+from coldharbor.lake.lake_rows import BATCH_ID, DELETED, SEQ, Transform, column, latest_per_key, quoted
 from coldharbor.maintenance import row_digest
 from coldharbor.serve.hot_snapshot import HotTable
-from coldharbor.lake.lake_rows import BATCH_ID, DELETED, SEQ, Transform, column, latest_per_key, quoted
-from coldharbor.capture.registry import LakeColumn, RegisteredTable
 
 CHUNK = "_ch_chunk"
 HASH = "_ch_hash"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path

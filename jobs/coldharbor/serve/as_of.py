@@ -18,13 +18,13 @@ import psycopg
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.export import base_load, hot_reader
 from coldharbor.export.base_load import RebaseWindow
+from coldharbor.lake.lake_rows import CHANGED_AT, FIRST_CHANGED_AT, column
+from coldharbor.lake.unified import cold_live
 from coldharbor.runtime.errors import ReportError, one_line
 from coldharbor.serve.hot_snapshot import HotSnapshot, HotTable
-from coldharbor.lake.lake_rows import CHANGED_AT, FIRST_CHANGED_AT, column
-from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.lake.unified import cold_live
 
 log = logging.getLogger(__name__)
 

@@ -30,17 +30,12 @@ import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor.runtime import pg, settings
 from coldharbor.capture import registry
-from coldharbor.lake import delta
-from coldharbor.export import hot_reader, table_reader
-from coldharbor.serve import hot_snapshot, report_spec, sinks
-from coldharbor.serve.as_of import check_as_of, refuse_inexact
-from coldharbor.export.base_load import RebaseWindow
-from coldharbor.runtime.errors import ConfigError, ReportError, one_line
-from coldharbor.serve.hot_snapshot import HotSnapshot
-from coldharbor.runtime.job_main import run_job
+from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.capture.table_job import one_table
+from coldharbor.export import hot_reader, table_reader
+from coldharbor.export.base_load import RebaseWindow
+from coldharbor.lake import delta
 from coldharbor.lake.lake_rows import (
     BATCH_ID,
     CHANGED_AT,
@@ -51,7 +46,12 @@ from coldharbor.lake.lake_rows import (
     latest_per_key,
     to_lake_rows,
 )
-from coldharbor.capture.registry import LakeColumn, RegisteredTable
+from coldharbor.runtime import pg, settings
+from coldharbor.runtime.errors import ConfigError, ReportError, one_line
+from coldharbor.runtime.job_main import run_job
+from coldharbor.serve import hot_snapshot, report_spec, sinks
+from coldharbor.serve.as_of import check_as_of, refuse_inexact
+from coldharbor.serve.hot_snapshot import HotSnapshot
 from coldharbor.serve.serve_job import history_window
 
 log = logging.getLogger(__name__)

@@ -56,24 +56,20 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from sqlglot import exp
 
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
-from coldharbor.lake import delta, lake_store, lake_values
+from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.export import base_load, hot_reader
+from coldharbor.lake import delta, lake_store, lake_values
+from coldharbor.lake.lake_rows import column
+from coldharbor.lake.unified import cold_live
+from coldharbor.runtime import pg
+from coldharbor.runtime.errors import jvm_message
+from coldharbor.runtime.spark import local_checkpoint
 from coldharbor.serve import sql_guard, sql_params
 from coldharbor.serve.hot_snapshot import arrow_type
-from coldharbor.serve.incremental_shape import (
-    IncrementalShape,
-    NotIncremental,
-    incremental_shape,
-)
-from coldharbor.lake.lake_rows import column
-from coldharbor.capture.registry import LakeColumn, RegisteredTable
+from coldharbor.serve.incremental_shape import IncrementalShape, NotIncremental, incremental_shape
 from coldharbor.serve.report_spec import ParamValues
-from coldharbor.runtime.spark import local_checkpoint
 from coldharbor.serve.sql_check import DIALECT
-from coldharbor.lake.unified import cold_live
-from coldharbor.runtime.errors import jvm_message
 
 log = logging.getLogger(__name__)
 

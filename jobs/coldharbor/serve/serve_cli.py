@@ -8,18 +8,25 @@ from datetime import datetime, timezone
 
 import psycopg
 
-from coldharbor.runtime import pg, settings
 from coldharbor.capture import registry
-from coldharbor.lake import registry_cache
 from coldharbor.export import hot_reader
-from coldharbor.serve import report_runs, report_spec
-from coldharbor.serve.as_of import waiting_for_export
+from coldharbor.lake import registry_cache
+from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import ColdharborError, PostgresUnavailableError, ReportError
 from coldharbor.runtime.job_main import EXIT_UNFORESEEN, configure_logging, keep_traceback, unexpected
-from coldharbor.serve.report_runs import RunRecord
-from coldharbor.serve.serve_job import (MODES, ServeConfig, default_run_id, history_window, serve, serve_lake_only,
-                              validate_report)
 from coldharbor.runtime.spark import data_error, lost_spark
+from coldharbor.serve import report_runs, report_spec
+from coldharbor.serve.as_of import waiting_for_export
+from coldharbor.serve.report_runs import RunRecord
+from coldharbor.serve.serve_job import (
+    MODES,
+    ServeConfig,
+    default_run_id,
+    history_window,
+    serve,
+    serve_lake_only,
+    validate_report,
+)
 
 log = logging.getLogger("coldharbor.serve_report")
 

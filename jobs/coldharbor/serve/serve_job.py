@@ -18,21 +18,21 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 from pyspark.sql import DataFrame, SparkSession
 
-from coldharbor.runtime import settings
 from coldharbor.capture import registry
+from coldharbor.capture.registry import RegisteredTable
 from coldharbor.lake import delta, registry_cache
+from coldharbor.lake.lake_rows import DELETED, column
+from coldharbor.lake.unified import cold_live, table_contract, unified_rows
+from coldharbor.runtime import settings
+from coldharbor.runtime.errors import ColdharborError, LakeUnavailableError, ReportError, jvm_message
+from coldharbor.runtime.pg import JdbcTarget
+from coldharbor.runtime.spark import data_error, local_checkpoint
 from coldharbor.serve import hot_snapshot, sinks, sql_guard, sql_params
 from coldharbor.serve.as_of import check_as_of, lake_as_of
-from coldharbor.runtime.errors import ColdharborError, LakeUnavailableError, ReportError, jvm_message
 from coldharbor.serve.hot_snapshot import HotSnapshot, HotTable
-from coldharbor.lake.lake_rows import DELETED, column
-from coldharbor.runtime.pg import JdbcTarget
-from coldharbor.capture.registry import RegisteredTable
 from coldharbor.serve.report_runs import RunRecord
 from coldharbor.serve.report_spec import ParamValues, ReportSpec
-from coldharbor.runtime.spark import data_error, local_checkpoint
 from coldharbor.serve.sql_feeds import FeedPoint
-from coldharbor.lake.unified import cold_live, table_contract, unified_rows
 
 log = logging.getLogger(__name__)
 

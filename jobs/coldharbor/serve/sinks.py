@@ -19,13 +19,13 @@ from psycopg import sql
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
-from coldharbor.runtime import faults
 from coldharbor.lake import delta
-from coldharbor.serve import report_tables
+from coldharbor.runtime import faults
 from coldharbor.runtime.errors import LakeUnavailableError, ReportError, jvm_message, one_line
 from coldharbor.runtime.pg import JdbcTarget
-from coldharbor.serve.report_spec import REPORTS_SCHEMA
 from coldharbor.runtime.spark import data_error
+from coldharbor.serve import report_tables
+from coldharbor.serve.report_spec import REPORTS_SCHEMA
 
 log = logging.getLogger(__name__)
 STAGE_PREFIX = "_ch_stage_"

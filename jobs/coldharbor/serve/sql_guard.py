@@ -26,8 +26,8 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, SqlglotError, TokenError
 
-from coldharbor.runtime.errors import ReportError, one_line
 from coldharbor.capture.registry import RegisteredTable
+from coldharbor.runtime.errors import ReportError, one_line
 from coldharbor.serve.sql_check import ASCII_NAME, DIALECT, check_tree, snippet
 from coldharbor.serve.sql_feeds import FeedCall, FeedPoint, take_feeds
 

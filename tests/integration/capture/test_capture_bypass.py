@@ -6,10 +6,10 @@ exporting a table that silently differs from PostgreSQL."""
 from __future__ import annotations
 
 import pytest
-
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
+from coldharbor.runtime import pg
 from coldharbor.runtime.errors import PrivilegeError
+
 from tests.helpers import export, serve_report
 
 

@@ -8,14 +8,14 @@ import time
 import uuid
 from datetime import timedelta
 
-from delta.tables import DeltaTable
-
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
 from coldharbor.maintenance import resync, verify
 from coldharbor.maintenance.cleanup import CleanupConfig, cleanup_table
 from coldharbor.maintenance.compaction import CompactionConfig, compact_table
 from coldharbor.maintenance.purge import PurgeConfig, purge
+from coldharbor.runtime import pg
+from delta.tables import DeltaTable
+
 from tests.connect_server import run_job
 from tests.helpers import export, lake_live, pg_rows, serve_report
 

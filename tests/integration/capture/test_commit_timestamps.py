@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from coldharbor.runtime import pg
+
 from tests.helpers import export, report_run, serve_report, server_with_orders
 
 

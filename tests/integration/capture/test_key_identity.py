@@ -8,10 +8,10 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
 from coldharbor.maintenance.purge import PurgeConfig, purge
+from coldharbor.runtime import pg
+
 from tests.helpers import export, lake_live, pg_rows, serve_report
 
 # Two application sessions that render keys as differently as settings allow.

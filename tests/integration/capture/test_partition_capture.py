@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import psycopg
 import pytest
-
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
+from coldharbor.runtime import pg
+
 from tests.helpers import export, lake_live, pg_rows, serve_report
 
 KEYS = ["day", "region", "id"]

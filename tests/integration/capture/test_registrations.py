@@ -12,14 +12,14 @@ from uuid import UUID
 
 import psycopg
 import pytest
+from coldharbor.capture import registry
+from coldharbor.export import export_job as export_job
+from coldharbor.lake import delta
+from coldharbor.maintenance import cleanup as cleanup_job
+from coldharbor.maintenance import compaction, purge, resync, verify
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from coldharbor.export import export_job as export_job
-from coldharbor.capture import registry
-from coldharbor.lake import delta
-from coldharbor.maintenance import compaction, purge, resync, verify
-from coldharbor.maintenance import cleanup as cleanup_job
 from tests.helpers import lake_live, pg_rows, report_run, serve_report, spark_submit_export
 
 HOSTILE = ' "q\'s" <b>ü'  # quotes of each kind, spaces, HTML and a non-ASCII letter

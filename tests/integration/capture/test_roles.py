@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-
-from coldharbor.runtime import pg
 from coldharbor.capture import roles
+from coldharbor.runtime import pg
 
 APP_ENTRY_POINTS = {"register_table", "register_table_as_owner", "check_may_register", "grant_capture_privileges",
                     "set_freshness_as_owner", "set_mode_as_owner",

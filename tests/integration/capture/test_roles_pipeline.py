@@ -11,11 +11,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
-from coldharbor.runtime import pg
 from coldharbor.capture import migrate, registry, roles
 from coldharbor.maintenance import cleanup
+from coldharbor.runtime import pg
 from coldharbor.runtime.errors import PrivilegeError
+
 from tests.helpers import PROJECT, dirty_ids, export, serve_report
 
 

@@ -4,10 +4,10 @@ type changes are refused before anything is written."""
 from __future__ import annotations
 
 import pytest
-
 from coldharbor.capture import registry
 from coldharbor.lake import delta
 from coldharbor.runtime.errors import ConfigError
+
 from tests.helpers import dirty_ids, export, lake_live, lake_table, pg_rows, serve_report
 
 

@@ -16,9 +16,9 @@ import time
 
 import psycopg
 import pytest
-
 from coldharbor.capture import registry
 from coldharbor.maintenance import resync, verify
+
 from tests.helpers import export, lake_live, pg_rows, report_run, serve_report
 
 DDL = "id bigint PRIMARY KEY, customer text, amount numeric(12,2), status text, qty integer"

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import stat
 
-from psycopg.conninfo import conninfo_to_dict
-
-from coldharbor.runtime import pg, settings
 from coldharbor.capture import roles
 from coldharbor.embedded import stack
 from coldharbor.embedded.postgres import EmbeddedPostgres, new_password
+from coldharbor.runtime import pg, settings
+from psycopg.conninfo import conninfo_to_dict
 
 
 def test_set_up_gives_the_jobs_the_pipeline_login_and_keeps_the_superuser_apart(tmp_path, monkeypatch):

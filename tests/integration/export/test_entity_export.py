@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from pyspark.sql import functions as F
-
 from coldharbor.capture import registry
 from coldharbor.lake import delta
 from coldharbor.runtime.errors import ConfigError
-from tests.helpers import dirty_ids, export, lake_live, lake_table, pg_rows, report_run, serve_report, spark_submit
+from pyspark.sql import functions as F
+
 from tests.entities import DOC, SCHEMA, define, put
+from tests.helpers import dirty_ids, export, lake_live, lake_table, pg_rows, report_run, serve_report, spark_submit
 
 # The view as the lake types it: uuid and JSON as text, timestamps in UTC.
 VIEW_AS_LAKE = ("SELECT row_id::text AS row_id, schema_version, updated_at, address::text AS address, age, born, "

@@ -8,11 +8,11 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
+from coldharbor.lake import delta
+from coldharbor.runtime import pg
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from coldharbor.runtime import pg
-from coldharbor.lake import delta
 from tests.helpers import dirty_ids, export, lake_live, lake_table, pg_rows
 
 ALL_TYPES = """id bigint PRIMARY KEY, a smallint, b integer, c real, d double precision, e numeric(38,10),

@@ -8,11 +8,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from coldharbor.runtime import pg, settings
 from coldharbor.capture import registry
 from coldharbor.export import base_load, export_job, hot_reader
 from coldharbor.export.export_job import ExportConfig
+from coldharbor.runtime import pg, settings
+
 from tests.connect_server import run_job
 from tests.helpers import lake_live, pg_rows
 
@@ -174,10 +174,9 @@ def test_a_cycle_killed_while_tables_export_at_once_converges(point, connect_ser
 
 
 def _killed_while_several_at_once(point, connect_server, pg_dsn, pg_conn, lake_root) -> None:
-    from pyspark.sql import functions as F
-
     from coldharbor.lake.lake_rows import SEQ
     from coldharbor.runtime.spark import get_session
+    from pyspark.sql import functions as F
 
     prefix = f"park_{uuid.uuid4().hex[:6]}"
     tables = make_tables(pg_conn, prefix)

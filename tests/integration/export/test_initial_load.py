@@ -12,12 +12,12 @@ import uuid
 
 import psycopg
 import pytest
-
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
 from coldharbor.export import base_load
-from coldharbor.runtime.errors import TableBusyError
 from coldharbor.export.export_job import ExportConfig, run
+from coldharbor.runtime import pg
+from coldharbor.runtime.errors import TableBusyError
+
 from tests.helpers import _normal, export, lake_live, lake_table, pg_rows, report_run, serve_report
 
 DDL = "id bigint PRIMARY KEY, customer text, amount numeric(12,2), status text"

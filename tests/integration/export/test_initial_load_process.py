@@ -6,11 +6,18 @@ import time
 
 import psycopg
 import pytest
-
 from coldharbor.capture import registry
 from coldharbor.export import base_load
-from tests.helpers import (export, lake_live, lake_table, pg_rows, spark_submit, spark_submit_export,
-                           wait_until_locks_released)
+
+from tests.helpers import (
+    export,
+    lake_live,
+    lake_table,
+    pg_rows,
+    spark_submit,
+    spark_submit_export,
+    wait_until_locks_released,
+)
 
 ROWS = 4000
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from coldharbor.runtime import settings
 from coldharbor.capture import registry
 from coldharbor.export import export_job
+from coldharbor.runtime import settings
 
 from tests.helpers import lake_live, pg_rows, serve_report
 

@@ -11,10 +11,10 @@ import uuid
 
 import psycopg
 import pytest
-
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
 from coldharbor.export import base_load
+from coldharbor.runtime import pg
+
 from tests.helpers import export, lake_live, pg_rows, report_run, serve_report
 
 DDL = "id bigint PRIMARY KEY, customer text, amount numeric(12,2), status text"

@@ -12,13 +12,13 @@ from __future__ import annotations
 import uuid
 
 import pytest
-
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
+from coldharbor.export.export_job import ExportConfig, run
 from coldharbor.lake import delta
 from coldharbor.maintenance import verify
+from coldharbor.runtime import pg
 from coldharbor.runtime.errors import UnrepresentableValueError
-from coldharbor.export.export_job import ExportConfig, run
+
 from tests.helpers import dirty_ids, export, lake_live, pg_rows, report_run, serve_report, spark_submit_export
 from tests.integration.runtime.test_one_line_failures import one_error_line
 

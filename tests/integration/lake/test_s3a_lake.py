@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from coldharbor.runtime import pg, settings
+
 from tests.helpers import dirty_ids, pg_rows, spark_submit_export
 
 ACCESS_KEY, SECRET_KEY = "coldharbor", "minio-test-secret"

@@ -9,17 +9,18 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
-from coldharbor.serve import report_runs
-from coldharbor.maintenance.cleanup import CleanupConfig, main as cleanup_main, run as cleanup_run
-from coldharbor.maintenance.compaction import CompactionConfig, compact_table
-from coldharbor.runtime.errors import ConfigError
-from coldharbor.serve.report_runs import RunRecord
 from coldharbor.lake import delta
-from tests.helpers import (dirty_ids, export, lake_live, pg_rows, report_run, serve_report,
-                           spark_submit_export)
+from coldharbor.maintenance.cleanup import CleanupConfig
+from coldharbor.maintenance.cleanup import main as cleanup_main
+from coldharbor.maintenance.cleanup import run as cleanup_run
+from coldharbor.maintenance.compaction import CompactionConfig, compact_table
+from coldharbor.runtime import pg
+from coldharbor.runtime.errors import ConfigError
+from coldharbor.serve import report_runs
+from coldharbor.serve.report_runs import RunRecord
+
+from tests.helpers import dirty_ids, export, lake_live, pg_rows, report_run, serve_report, spark_submit_export
 
 
 def register(conn, name: str, hot_retention: str | None = None) -> registry.RegisteredTable:

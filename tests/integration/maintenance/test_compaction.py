@@ -6,14 +6,14 @@ import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from delta.tables import DeltaTable
-from pyspark.sql import Row
-
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
 from coldharbor.lake import delta, lake_store
 from coldharbor.maintenance.compaction import CompactionConfig, compact_table
+from coldharbor.runtime import pg
 from coldharbor.runtime.errors import ConfigError
+from delta.tables import DeltaTable
+from pyspark.sql import Row
+
 from tests.helpers import export, lake_live, lake_table, pg_rows
 
 OLD = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -8,11 +8,11 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-
 from coldharbor.capture import registry
 from coldharbor.lake import delta
 from coldharbor.lake.lake_rows import SETTLED
 from coldharbor.lake.unified import cold_live
+
 from tests.helpers import export, lake_live, lake_table, pg_rows
 from tests.integration.maintenance.test_compaction import compact, lake_row, write_batches
 

@@ -8,8 +8,8 @@ import time
 
 import psycopg
 import pytest
-
 from coldharbor.capture import registry
+
 from tests.helpers import export, pg_rows, serve_report
 
 BLOCKED_WAIT_S = 120  # how long the test waits for the writer to block before giving up (never asserted)

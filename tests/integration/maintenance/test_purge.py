@@ -6,14 +6,15 @@ import time
 from datetime import timedelta
 
 import pytest
-
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
 from coldharbor.lake import delta
 from coldharbor.maintenance import purge_predicate
 from coldharbor.maintenance.compaction import CompactionConfig, compact_table
-from coldharbor.maintenance.purge import PurgeConfig, main as purge_main, purge, verify
+from coldharbor.maintenance.purge import PurgeConfig, purge, verify
+from coldharbor.maintenance.purge import main as purge_main
+from coldharbor.runtime import pg
 from coldharbor.runtime.spark import temporary_conf
+
 from tests.helpers import dirty_ids, evict, export, lake_live, pg_rows, serve_report
 
 DDL = "id bigint PRIMARY KEY, customer text, amount numeric(10,2)"

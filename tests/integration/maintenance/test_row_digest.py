@@ -10,12 +10,12 @@ lake really holds, not what a test put in a DataFrame.
 from __future__ import annotations
 
 import pytest
+from coldharbor.capture import registry
+from coldharbor.lake.unified import cold_live
+from coldharbor.maintenance import row_digest, verify
+from coldharbor.runtime import pg
 from psycopg import sql
 
-from coldharbor.runtime import pg
-from coldharbor.capture import registry
-from coldharbor.maintenance import row_digest, verify
-from coldharbor.lake.unified import cold_live
 from tests.helpers import export, lake_table
 
 # (column, type, values as SQL): row i holds the i-th value of every column, NULL past its last.

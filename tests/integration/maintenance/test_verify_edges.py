@@ -4,14 +4,14 @@ resync repairs it."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from coldharbor.export import export_job as export_job
+from coldharbor.maintenance import resync, verify
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-import time
-
-from coldharbor.export import export_job as export_job
-from coldharbor.maintenance import resync, verify
 from tests.helpers import export
 
 # key type, lowest and highest keys the lake holds, an ordinary key of the row number g

@@ -6,15 +6,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from coldharbor.capture import registry
+from coldharbor.export import export_job as export_job
+from coldharbor.lake import delta
+from coldharbor.maintenance import resync, verify
+from coldharbor.runtime import pg
+from coldharbor.runtime.errors import TableBusyError
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from coldharbor.export import export_job as export_job
-from coldharbor.runtime import pg
-from coldharbor.capture import registry
-from coldharbor.lake import delta
-from coldharbor.maintenance import resync, verify
-from coldharbor.runtime.errors import TableBusyError
 from tests.helpers import dirty_ids, export, lake_live, pg_rows, report_run, serve_report
 
 DDL = "id bigint PRIMARY KEY, customer text, amount numeric(12,2), status text"

@@ -10,9 +10,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from coldharbor.lake import delta, lake_store
 from coldharbor.runtime.spark import get_session
+
 from tests.connect_server import run_job
 from tests.helpers import dirty_ids, lake_live, pg_rows
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import threading
 import uuid
 
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
-from coldharbor.serve import serve_cli, serve_job, sql_guard
 from coldharbor.export.export_job import ExportConfig, export_table
+from coldharbor.runtime import pg
 from coldharbor.runtime.spark import get_session, release_sessions
+from coldharbor.serve import serve_cli, serve_job, sql_guard
+
 from tests.connect_server import free_port, run_job, running_server, start_job, stop
 from tests.helpers import dirty_ids, export, lake_live, pg_rows, wait_until_paused
 

@@ -10,10 +10,9 @@ import sys
 import uuid
 
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
 from coldharbor.runtime import pg
 from coldharbor.runtime.errors import PostgresUnavailableError
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 WHO_AND_WHERE = ("SELECT application_name, current_setting('search_path') AS search_path, "
                  "(SELECT v FROM probe) AS probe FROM pg_stat_activity WHERE pid = pg_backend_pid()")

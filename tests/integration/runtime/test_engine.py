@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from coldharbor.runtime import engine, pg
 from coldharbor.embedded import service
 from coldharbor.embedded.stack import free_port
+from coldharbor.runtime import engine, pg
+
 from tests.helpers import connect_session
 
 HOSTILE = "it's \"quoted\"; DROP TABLE x; -- ünïcødé \u2028 ${env:HOME}"

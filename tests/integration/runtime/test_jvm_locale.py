@@ -9,9 +9,10 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
 from coldharbor.export import base_load
+from coldharbor.runtime import pg
+
 from tests.connect_server import run_job, running_server
 from tests.helpers import lake_live, pg_rows, spark_submit_export
 

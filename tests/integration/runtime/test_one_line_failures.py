@@ -9,15 +9,23 @@ import sys
 import uuid
 
 import pytest
-
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
-from coldharbor.export import batches
-from coldharbor.runtime.errors import PostgresUnavailableError
 from coldharbor.embedded.stack import free_port
-from tests.helpers import (PROJECT, dirty_ids, export, report_run, serve_report, server_with_orders, spark_submit,
-                           spark_submit_export, wait_until_paused)
+from coldharbor.export import batches
+from coldharbor.runtime import pg
+from coldharbor.runtime.errors import PostgresUnavailableError
 
+from tests.helpers import (
+    PROJECT,
+    dirty_ids,
+    export,
+    report_run,
+    serve_report,
+    server_with_orders,
+    spark_submit,
+    spark_submit_export,
+    wait_until_paused,
+)
 
 JOB_ARGS = {"cdc_export.py": [], "cleanup.py": [], "compact.py": [], "verify.py": ["--table", "public.t"],
             "resync.py": ["--table", "public.t"], "purge.py": ["--table", "public.t", "--where", "id = 1",

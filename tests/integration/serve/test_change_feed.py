@@ -8,9 +8,9 @@ import time
 from datetime import datetime
 
 import pytest
-
-from coldharbor.serve import changes
 from coldharbor.export import export_job as export_job
+from coldharbor.serve import changes
+
 from tests.helpers import _normal, pg_rows, report_run
 
 HOSTILE = ' "q\'s" <b>ü'  # quotes of each kind, spaces, HTML and a non-ASCII letter

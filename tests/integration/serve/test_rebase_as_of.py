@@ -18,8 +18,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-
 from coldharbor.capture import registry
+
 from tests.helpers import export, pg_rows, report_run, serve_report
 
 HOSTILE = ' "q\'s" ü'  # a quote of each kind, spaces and a non-ASCII letter in the table's name

@@ -8,14 +8,14 @@ from datetime import datetime, timezone
 from decimal import Decimal
 
 import pytest
-
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
+from coldharbor.runtime import pg
 from coldharbor.serve import hot_snapshot, serve_job
 from coldharbor.serve.report_spec import parse_report
 from coldharbor.serve.sql_allowlist import ALLOWED_FUNCTIONS, GUARD_FUNCTIONS, SPARK_PARENTHESIS_FREE_FUNCTIONS
 from coldharbor.serve.sql_check import could_fold_to
 from coldharbor.serve.sql_guard import check_query
+
 from tests.helpers import report_run, serve_report
 from tests.report_corpus import CUSTOMERS, ITEMS, ORDERS, fill, legitimate
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
+from coldharbor.maintenance.cleanup import CleanupConfig
+from coldharbor.maintenance.cleanup import run as cleanup_run
+from coldharbor.runtime import pg
 from coldharbor.serve import report_runs
-from coldharbor.maintenance.cleanup import CleanupConfig, run as cleanup_run
 from coldharbor.serve.report_runs import RunRecord
-from tests.helpers import export, report_run, serve_report, server_with_orders, spark_submit, wait_until_paused
 
+from tests.helpers import export, report_run, serve_report, server_with_orders, spark_submit, wait_until_paused
 
 DEAD = "the run ended without finishing: its serve process was killed or lost PostgreSQL"
 

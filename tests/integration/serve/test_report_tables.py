@@ -5,8 +5,8 @@ owner carried over) unless something depends on it, which is refused naming it."
 from __future__ import annotations
 
 from coldharbor.runtime import pg
-from tests.helpers import report_run, serve_report
 
+from tests.helpers import report_run, serve_report
 
 UPTO = "-- param: upto int\nSELECT id, v FROM {t} WHERE id <= :upto"
 

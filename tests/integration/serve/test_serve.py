@@ -11,15 +11,15 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from delta.tables import DeltaTable
-
-from coldharbor.runtime import pg
 from coldharbor.capture import registry
-from coldharbor.serve import hot_snapshot, serve_job, sql_guard
+from coldharbor.embedded.stack import free_port
+from coldharbor.runtime import pg
 from coldharbor.runtime.errors import LakeUnavailableError
+from coldharbor.serve import hot_snapshot, serve_job, sql_guard
 from coldharbor.serve.report_runs import RunRecord
 from coldharbor.serve.report_spec import parse_report
-from coldharbor.embedded.stack import free_port
+from delta.tables import DeltaTable
+
 from tests.helpers import export, pg_rows, report_run, serve_report
 
 ORDERS_DDL = "id bigint PRIMARY KEY, customer text NOT NULL, amount numeric(12,2) NOT NULL, status text NOT NULL"

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from coldharbor.embedded import stack
+
 from tests.helpers import PROJECT, export, report_run, spark_submit
 
 

@@ -9,10 +9,9 @@ from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
-
 from coldharbor.capture import registry
-from coldharbor.serve import sql_guard, sql_params
 from coldharbor.runtime.errors import ReportError
+from coldharbor.serve import sql_guard, sql_params
 from coldharbor.serve.report_spec import ParamSpec, ParamValues
 
 HOSTILE_TEXT = ["it's", "back\\slash", "\\'", "'; SELECT 1; --", "\\u0027", "line\nbreak\ttab\r", "${env:HOME}",

@@ -6,10 +6,9 @@ from datetime import date, datetime, timezone
 from decimal import Decimal
 
 import pytest
-
-from coldharbor.runtime.errors import ConfigError
 from coldharbor.capture.registry import name_candidates, quote_ident
 from coldharbor.maintenance.verify import shown
+from coldharbor.runtime.errors import ConfigError
 
 
 @pytest.mark.parametrize("name, meant", [

@@ -4,9 +4,8 @@ the allow-list, never a list of what is dangerous."""
 from __future__ import annotations
 
 import pytest
-
-from coldharbor.runtime.errors import ConfigError
 from coldharbor.capture.registry import RegisteredTable
+from coldharbor.runtime.errors import ConfigError
 
 
 def table(schema: str, name: str, lake_location: str | None = None) -> RegisteredTable:

@@ -7,12 +7,23 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from coldharbor.capture.registry import LakeColumn
+from coldharbor.lake.lake_rows import (
+    BATCH_ID,
+    DELETED,
+    SEQ,
+    SETTLED,
+    SettledSplit,
+    column,
+    current_rows,
+    latest_per_key,
+    live_rows,
+    mark_settled,
+    quoted,
+    to_lake_rows,
+)
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
-
-from coldharbor.lake.lake_rows import (BATCH_ID, DELETED, SEQ, SETTLED, SettledSplit, column, current_rows, latest_per_key,
-                                  live_rows, mark_settled, quoted, to_lake_rows)
-from coldharbor.capture.registry import LakeColumn
 
 LAKE_SCHEMA = "id LONG, v STRING, _ch_seq LONG, _ch_deleted BOOLEAN, _ch_changed_at TIMESTAMP, _ch_batch_id LONG"
 T0 = datetime(2026, 1, 1, 12, 0, 0)

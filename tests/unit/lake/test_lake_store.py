@@ -7,7 +7,6 @@ from datetime import date, datetime, timezone
 from decimal import Decimal
 
 import pytest
-
 from coldharbor.lake import lake_store
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from coldharbor.lake import registry_cache
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
+from coldharbor.lake import registry_cache
 
 ID = [LakeColumn("id", "bigint", "LONG", 1)]
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pyspark.testing import assertDataFrameEqual
-
 from coldharbor.capture.registry import LakeColumn
 from coldharbor.lake.unified import cold_live, unified_rows
+from pyspark.testing import assertDataFrameEqual
 
 COLUMNS = [LakeColumn("id", "bigint", "LONG", 1), LakeColumn("v", "text", "STRING", None)]
 LAKE = "id LONG, v STRING, _ch_seq LONG, _ch_deleted BOOLEAN, _ch_changed_at TIMESTAMP, _ch_batch_id LONG, " \

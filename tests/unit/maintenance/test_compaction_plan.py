@@ -5,10 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-
+from coldharbor.lake.delta import LakeFile
 from coldharbor.maintenance.compaction import CompactionConfig, plan_partition, small_export_files
 from coldharbor.runtime.errors import ConfigError
-from coldharbor.lake.delta import LakeFile
 
 MB = 1024 * 1024
 

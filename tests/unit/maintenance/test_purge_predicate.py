@@ -4,10 +4,9 @@ Spark; what cannot be rendered identically is refused with one line naming why."
 from __future__ import annotations
 
 import pytest
-
-from coldharbor.runtime.errors import ConfigError
-from coldharbor.maintenance.purge_predicate import parse
 from coldharbor.capture.registry import LakeColumn
+from coldharbor.maintenance.purge_predicate import parse
+from coldharbor.runtime.errors import ConfigError
 
 COLUMNS = [LakeColumn("id", "bigint", "LONG", 1), LakeColumn("customer", "text", "STRING", None),
            LakeColumn("amount", "numeric(10,2)", "DECIMAL(10,2)", None),

@@ -4,7 +4,6 @@ server."""
 from __future__ import annotations
 
 import pytest
-
 from coldharbor.runtime import settings, spark
 from coldharbor.runtime.errors import ConfigError, SparkUnavailableError
 

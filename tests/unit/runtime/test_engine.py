@@ -8,9 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
-from coldharbor.runtime import engine, settings, spark
 from coldharbor.embedded import service
+from coldharbor.runtime import engine, settings, spark
 from coldharbor.runtime.errors import ConfigError
 
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
-
-from coldharbor.serve.as_of import rebase_refusal
-from coldharbor.export.base_load import RebaseWindow
-from coldharbor.serve.hot_snapshot import HotTable
 from coldharbor.capture.registry import RegisteredTable
+from coldharbor.export.base_load import RebaseWindow
+from coldharbor.serve.as_of import rebase_refusal
+from coldharbor.serve.hot_snapshot import HotTable
 
 T0 = datetime(2026, 11, 20, 12, 0, tzinfo=timezone.utc)  # the oldest change dirty at the DDL
 REQUEST = T0 + timedelta(minutes=5)

@@ -8,10 +8,16 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-
 from coldharbor.runtime import settings
 from coldharbor.runtime.errors import ReportError
-from coldharbor.serve.report_spec import ParamSpec, check_target, load_reports, missing_report, parse_report, read_report_files
+from coldharbor.serve.report_spec import (
+    ParamSpec,
+    check_target,
+    load_reports,
+    missing_report,
+    parse_report,
+    read_report_files,
+)
 
 REPORT = """-- report: revenue
 -- target: reports.revenue_by_day

@@ -6,14 +6,13 @@ import re
 
 import pytest
 import sqlglot
-from sqlglot import exp
-
-from coldharbor.serve import sql_guard
-from coldharbor.runtime.errors import ReportError
 from coldharbor.capture.registry import RegisteredTable
+from coldharbor.runtime.errors import ReportError
+from coldharbor.serve import sql_guard
 from coldharbor.serve.sql_check import DIALECT
 from coldharbor.serve.sql_feeds import FeedPoint
 from coldharbor.serve.sql_guard import check_query
+from sqlglot import exp
 
 ORDERS = RegisteredTable(1, "public", "orders", ("id",), None, (), ())
 CUSTOMERS = RegisteredTable(2, "shop", "customers", ("id",), None, (), ())

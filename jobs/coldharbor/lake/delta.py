@@ -10,6 +10,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from delta.connect import exceptions as _connect_conflicts  # noqa: F401 (registers the classes below over Connect)
+from delta.exceptions import (
+    ConcurrentAppendException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentDeleteReadException,
+    ConcurrentTransactionException,
+    ConcurrentWriteException,
+    DeltaConcurrentModificationException,
+    MetadataChangedException,
+    ProtocolChangedException,
+)
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
@@ -19,6 +30,12 @@ from coldharbor.runtime import spark as spark_sessions
 from coldharbor.runtime.errors import ColdharborError, ConfigError, LakeUnavailableError, jvm_message
 
 log = logging.getLogger(__name__)
+
+# Delta's commit conflicts, raised as these classes in-process (importing delta.exceptions converts
+# the JVM's) and over Spark Connect (delta.connect.exceptions maps the server's class names).
+CONFLICTS = (DeltaConcurrentModificationException, ConcurrentWriteException, MetadataChangedException,
+             ProtocolChangedException, ConcurrentAppendException, ConcurrentDeleteReadException,
+             ConcurrentDeleteDeleteException, ConcurrentTransactionException)
 
 # How far back in the Delta history to look for a batch's commit (compaction and cleanup commits
 # can land between an export's commit and its lookup).
@@ -327,9 +344,7 @@ def fence_batch(spark: SparkSession, path: str, app_id: str, batch_id: int) -> N
             # The fence lost to a commit recording the same app id: the running write it is there
             # to stop landed first. Fenced again, Delta now skips the fence if that was this batch
             # (the caller then finds its commit), or records it if it was an earlier one.
-            said = f"{exc!r} {exc}"
-            lost = "DELTA_CONCURRENT_TRANSACTION" in said or "ConcurrentTransactionException" in said
-            if not lost or attempt == FENCE_ATTEMPTS - 1:
+            if not isinstance(exc, ConcurrentTransactionException) or attempt == FENCE_ATTEMPTS - 1:
                 raise lake_error(f"fencing batch {batch_id} of {path} failed", exc) from exc
             log.warning("fencing batch %s of %s: a commit of the same export landed meanwhile; fencing again",
                         batch_id, path)

@@ -255,13 +255,8 @@ def _rewrite_with_retries(spark: SparkSession, conn: psycopg.Connection, table: 
 
 
 def _is_conflict(exc: Exception) -> bool:
-    if isinstance(exc, ConcurrentRewriteError):
-        return True
-    text = str(exc)
-    return any(name in text for name in ("ConcurrentAppendException", "ConcurrentDeleteReadException",
-                                         "ConcurrentDeleteDeleteException", "ConcurrentTransactionException",
-                                         "MetadataChangedException", "ProtocolChangedException",
-                                         "DELTA_CONCURRENT"))
+    """Lost to a concurrent commit: Delta's conflict classes, or a rewrite seen before the write."""
+    return isinstance(exc, (ConcurrentRewriteError, *delta.CONFLICTS))
 
 
 def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,

@@ -1,4 +1,4 @@
-"""spark-submit entrypoint: serve one report over the unified hot/cold view (see coldharbor.serve.serve_job)."""
+"""spark-submit entrypoint: serve one report over the unified hot/cold view (see coldharbor.serve.serve_cli and serve_job)."""
 
 import sys
 

@@ -89,9 +89,10 @@ def test_the_readme_map_names_modules_and_tests_that_exist():
     for row in rows:
         for name in re.findall(r"`([^`]+\.(?:py|sql)(?:::\w+)?)`", row):
             path, _, test = name.partition("::")
-            candidates = [PACKAGE / path, PROJECT / "tests" / path, PROJECT / path]
-            candidates += list((PROJECT / "tests").rglob(Path(path).name)) if "/" not in path else []
-            found = [c for c in candidates if c.is_file()]
-            if not found or (test and not any(f"def {test}(" in c.read_text() for c in found)):
+            if "/" in path:
+                found = [c for c in (PACKAGE / path, PROJECT / "tests" / path, PROJECT / path) if c.is_file()]
+            else:  # a file the row named with its folder before: one file of that name only
+                found = list((PROJECT / "tests").rglob(path)) + list(PACKAGE.rglob(path))
+            if len(found) != 1 or (test and f"def {test}(" not in found[0].read_text()):
                 missing.append(name)
     assert missing == []

@@ -1,6 +1,10 @@
 """Reads the dirty set of one table from PostgreSQL: the current row images and the change ids.
 
-Everything comes from ONE snapshot: the export's transaction exports it, its JDBC readers import it
+`dirty_images_query` is the one definition of "the dirty keys of a table and their images in one
+snapshot": the export reads it for the unflushed changes, a report (serve/hot_snapshot) for the
+changes its pinned lake version lacks (invariant 6).
+
+For the export, everything comes from ONE snapshot: the export's transaction exports it, its JDBC readers import it
 and its intent (the batch's change ids) is read in it. So a change either is in the batch with the
 image that includes it, or it is not in the batch at all (invariant 1).
 """

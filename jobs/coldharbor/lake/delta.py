@@ -1,4 +1,4 @@
-"""Delta Lake I/O of the export: the writability probe, the idempotent append, commit lookup."""
+"""Delta Lake I/O of every job: the writability probe, the idempotent append, commit lookup, conflicts, snapshots."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The report sandbox's allow-list (invariant 13): the only place that says what report SQL may use.
 
-Plain data, read by coldharbor.serve.sql_guard. Anything not named here is refused before a JVM starts.
+Plain data, applied by coldharbor.serve.sql_check (and incremental_shape). Anything not named here is refused before a JVM starts.
 
 How the lists were built
 ------------------------

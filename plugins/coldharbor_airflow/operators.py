@@ -4,7 +4,6 @@ or as a spark-submit call, as the configured Spark connection's type says (conne
 from __future__ import annotations
 
 import os
-import re
 import socket
 import sys
 import tempfile
@@ -86,10 +85,9 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
             try:
                 return super().execute(context)
             except AirflowException as exc:
-                # The provider says "Cannot execute: <command>. Error code is: N."; the job's own
-                # message is in the log lines above it. Say what the exit code means.
-                code = _exit_code(str(exc))
-                if code is None:
+                # The job's own message is in the log lines above; say what its exit code means.
+                code = submit_exit_code(self._hook)
+                if not code:
                     raise
                 raise self.job_failed(code) from exc
 
@@ -110,7 +108,10 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
             return OperatorLineage()
 
     def job_failed(self, code: int) -> AirflowException:
-        meaning = {**JOB_EXIT_CODES, **JOB_SPECIFIC_EXIT_CODES.get(self.job, {})}.get(code, "Spark or the job failed")
+        import_jobs_package()
+        from coldharbor.runtime.job_main import exit_meaning
+
+        meaning = exit_meaning(self.job, code)
         return AirflowException(f"{self.job} exited with code {code}: {meaning}; the job's own message "
                                 "is in the log lines above")
 
@@ -205,26 +206,18 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
         return hook
 
 
-# The jobs' exit codes (job_main and each job's --help).
-JOB_EXIT_CODES = {
-    1: "an unexpected error (the traceback is above)",
-    2: "refused or a tier was unreachable; nothing was changed or marked",
-    3: "compaction gave up after repeated conflicts; the table is unchanged",
-    4: "the purge is incomplete (rows still match)",
-}
+def submit_exit_code(hook: SparkSubmitHook | None) -> int | None:
+    """The exit code of the spark-submit the provider's hook ran (its process, which the hook keeps;
+    in Kubernetes cluster mode the driver's, which the hook read from the pod's log), or None when
+    it ran none.
 
-
-JOB_SPECIFIC_EXIT_CODES = {
-    "verify.py": {1: "the lake view differs from PostgreSQL (the differing key ranges and sample keys are above); "
-                     "repair it with the coldharbor_resync DAG",
-                  2: "refused, a tier was unreachable, or an error no check foresaw (the job's one line above says "
-                     "which); nothing was changed"},
-}
-
-
-def _exit_code(message: str) -> int | None:
-    match = re.search(r"Error code is: (-?\d+)", message)
-    return int(match.group(1)) if match else None
+    :param hook: the hook of the operator's last submit (`SparkSubmitOperator._hook`)
+    """
+    process = getattr(hook, "_submit_sp", None)
+    if process is None or process.returncode is None:
+        return None
+    driver = getattr(hook, "_spark_exit_code", None)
+    return process.returncode or (driver if getattr(hook, "_is_kubernetes", False) and driver else 0)
 
 
 def export_job_args(tables: list[str], spark_conn_id: str | None = None) -> list[list[str]]:

@@ -55,13 +55,12 @@ from coldharbor.lake.lake_rows import BATCH_ID, DELETED, KEEP, SETTLED, column, 
 from coldharbor.maintenance import maintenance_runs
 from coldharbor.runtime import faults, pg, settings
 from coldharbor.runtime.errors import ConfigError, LakeUnavailableError, jvm_message, raise_if_tables_failed
-from coldharbor.runtime.job_main import reason, run_job
+from coldharbor.runtime.job_main import EXIT_GAVE_UP, reason, run_job
 
 log = logging.getLogger(__name__)
 
 OPERATION = "coldharbor-compaction"
 MERGE_OPERATION = "coldharbor-merge-small-files"
-EXIT_GAVE_UP = 3  # concurrent commits won every attempt
 MODES = ("full", "merge", "auto")
 
 

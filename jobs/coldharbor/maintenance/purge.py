@@ -46,13 +46,12 @@ from coldharbor.maintenance.cleanup import DELTA_GUARD_HOURS, check_retention, v
 from coldharbor.maintenance.purge_predicate import Predicate
 from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import LakeUnavailableError, TableBusyError
-from coldharbor.runtime.job_main import reason, run_job
+from coldharbor.runtime.job_main import EXIT_INCOMPLETE, reason, run_job
 from coldharbor.runtime.spark import temporary_conf
 from coldharbor.runtime.spark_python import collectable, collected
 
 log = logging.getLogger(__name__)
 
-EXIT_INCOMPLETE = 4  # purged, but rows remain in files the retention keeps
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from coldharbor.maintenance import maintenance_runs, verify_digests
 from coldharbor.maintenance.verify_digests import CHUNK, HASH, WEIGHT, Chunking
 from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import ColdharborError, ConfigError, LakeUnavailableError, jvm_message, one_line
-from coldharbor.runtime.job_main import EXIT_REFUSED, run_job
+from coldharbor.runtime.job_main import EXIT_DIFFERENT, EXIT_REFUSED, run_job
 from coldharbor.runtime.spark_python import collectable, collected
 from coldharbor.serve import hot_snapshot
 
@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CHUNKS = 16
 SAMPLE_KEYS = 10
-EXIT_DIFFERENT = 1
 # PostgreSQL's rows are digested from their exact values, but the dirty keys' hot images reach the
 # view through the readers, and a lake exported before such values were refused may hold them moved
 # or clamped: such a table is refused, naming the value.

@@ -13,8 +13,32 @@ from coldharbor.runtime.errors import ColdharborError, PostgresUnavailableError,
 
 log = logging.getLogger(__name__)
 
+# Every exit code a job ends with: the one table, which the Airflow operator reads to say what a
+# failed run's code means (a job's own meaning of a code comes before the shared one).
+EXIT_UNFORESEEN = 1  # an error no check foresaw: a bug to report, its traceback kept in a file
 EXIT_REFUSED = 2  # a ColdharborError: bad input, or a tier unreachable; nothing half-done
+EXIT_GAVE_UP = 3  # compaction: concurrent commits won every attempt
+EXIT_INCOMPLETE = 4  # purge: purged, but rows remain in files the retention keeps
+EXIT_DIFFERENT = 1  # verify: the lake's view differs from PostgreSQL (verify's unforeseen errors exit 2)
+EXIT_MEANINGS = {
+    EXIT_UNFORESEEN: "an error no check foresaw (its one line and the file keeping its traceback are above)",
+    EXIT_REFUSED: "refused or a tier was unreachable; nothing was changed or marked",
+    EXIT_GAVE_UP: "compaction gave up after repeated conflicts; the table is unchanged",
+    EXIT_INCOMPLETE: "the purge is incomplete (rows still match)",
+}
+JOB_EXIT_MEANINGS = {
+    "verify": {EXIT_DIFFERENT: "the lake view differs from PostgreSQL (the differing key ranges and sample keys "
+                               "are above); repair it with the coldharbor_resync DAG",
+               EXIT_REFUSED: "refused, a tier was unreachable, or an error no check foresaw (the job's one line "
+                             "above says which); nothing was changed"},
+}
 TRACEBACK_DIR_ENV = "COLDHARBOR_TRACEBACK_DIR"
+
+
+def exit_meaning(job: str, code: int) -> str:
+    """What exit `code` of `job` (its entrypoint's name, with or without .py) means."""
+    own = JOB_EXIT_MEANINGS.get(job.removesuffix(".py"), {})
+    return own.get(code) or EXIT_MEANINGS.get(code) or "Spark or the job failed"
 
 
 def configure_logging() -> None:
@@ -32,8 +56,6 @@ def configure_logging() -> None:
     # ...and the Connect client warns on stderr before it raises for a server it gave up on.
     warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
 
-
-EXIT_UNFORESEEN = 1  # an error no check foresaw: a bug to report, its traceback kept in a file
 
 
 def run_job(name: str, body: Callable[[], int], unexpected_exit: int = EXIT_UNFORESEEN) -> int:

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import Asset, dag, task
+from airflow.sdk import dag, task
 from coldharbor_airflow.alerts import alert_broken_promises
 from coldharbor_airflow.operators import ColdharborSparkJobOperator
-from coldharbor_common import SPARK_POOL, START, default_args, export_schedule
+from coldharbor_common import LAKE_EXPORTS, SPARK_POOL, START, default_args, export_schedule
 
 # Updated by every export: compaction listens to it.
-LAKE_EXPORTS = Asset("coldharbor://lake/exports")
 
 
 @dag(

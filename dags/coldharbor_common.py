@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta, timezone
 
-from airflow.sdk import CronDataIntervalTimetable
+from airflow.sdk import Asset, CronDataIntervalTimetable
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 # Every Spark job runs in this pool: its slots bound how many spark-submits share the machine.
 SPARK_POOL = "coldharbor_spark"
+# Updated by every export run that landed batches (coldharbor_cdc); compaction runs on it.
+LAKE_EXPORTS = Asset("coldharbor://lake/exports")
 
 
 def default_args(timeout: timedelta, retries: int = 2) -> dict:

@@ -96,3 +96,17 @@ def test_the_readme_map_names_modules_and_tests_that_exist():
             if len(found) != 1 or (test and f"def {test}(" not in found[0].read_text()):
                 missing.append(name)
     assert missing == []
+
+
+def test_one_dag_per_file_each_with_its_docstring_and_the_exports_asset_defined_once():
+    assets = []
+    for path in sorted((PROJECT / "dags").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        dags = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                and any(isinstance(d, ast.Call) and getattr(d.func, "id", None) == "dag" for d in n.decorator_list)]
+        assert len(dags) <= 1, (path.name, dags)
+        if dags and path.name != "coldharbor_reports.py":  # that one builds a DAG per report file
+            assert path.stem == dags[0] and (ast.get_docstring(tree) or "").startswith(f"{dags[0]}:"), path.name
+        assets += [path.name for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Asset"]
+    assert assets == ["coldharbor_common.py"]

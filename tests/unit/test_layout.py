@@ -110,3 +110,15 @@ def test_one_dag_per_file_each_with_its_docstring_and_the_exports_asset_defined_
         assets += [path.name for n in ast.walk(tree)
                    if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Asset"]
     assert assets == ["coldharbor_common.py"]
+
+
+def test_every_job_s_main_goes_through_the_one_run_job():
+    """Logging, the one line of a failure and the exit code are job_main.run_job's, for every job."""
+    modules = {m for path in (PROJECT / "jobs").glob("*.py") for _, m in imported_modules(path)}
+    modules.add("coldharbor.capture.migrate")
+    assert len(modules) == 9
+    for module in sorted(modules):
+        tree = ast.parse((PACKAGE.parent / (module.replace(".", "/") + ".py")).read_text())
+        [main] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+        calls = [n.func.id for n in ast.walk(main) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+        assert "run_job" in calls, module

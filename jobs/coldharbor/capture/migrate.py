@@ -20,6 +20,7 @@ import psycopg
 from coldharbor.capture import roles
 from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import ColdharborError
+from coldharbor.runtime.job_main import run_job
 
 log = logging.getLogger(__name__)
 
@@ -82,19 +83,17 @@ def apply_privileges(conn: psycopg.Connection) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
+    def body() -> int:
         with pg.connect(settings.admin_pg_dsn()) as conn:
             done = apply(conn, discover())
             password = os.environ.get(settings.PIPELINE_PASSWORD_ENV)
             if password:
                 roles.set_password(conn, roles.PIPELINE, password)
                 log.info("set the password of %s from %s", roles.PIPELINE, settings.PIPELINE_PASSWORD_ENV)
-    except ColdharborError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"migrations applied: {len(done)}" + (f" ({', '.join(done)})" if done else " (up to date)"))
-    return 0
+        print(f"migrations applied: {len(done)}" + (f" ({', '.join(done)})" if done else " (up to date)"))
+        return 0
+
+    return run_job("migrate", body)
 
 
 if __name__ == "__main__":

@@ -58,17 +58,26 @@ def configure_logging() -> None:
 
 
 
-def run_job(name: str, body: Callable[[], int], unexpected_exit: int = EXIT_UNFORESEEN) -> int:
-    """Runs `body`; a ColdharborError, a lost PostgreSQL or Spark Connect server or a refused
-    privilege is logged as one line: exit 2. Any other exception is one line too (`unexpected`,
-    naming the file that keeps its traceback for a bug report): exit `unexpected_exit`, 1 unless
-    the job's exit 1 means something else (verify: differences found). The Spark Connect sessions
-    it opened are released."""
+def run_job(name: str, body: Callable[[], int], unexpected_exit: int = EXIT_UNFORESEEN, *,
+            label: Callable[[], str] | None = None, on_failure: Callable[[str], None] | None = None,
+            named_by_job: Callable[[BaseException], str | None] | None = None) -> int:
+    """Every job's main(): runs `body` and returns its exit code. A ColdharborError, a lost
+    PostgreSQL or Spark Connect server or a refused privilege is logged as one line: exit 2. Any
+    other exception is one line too (`unexpected`, naming the file that keeps its traceback for a
+    bug report): exit `unexpected_exit`, 1 unless the job's exit 1 means something else (verify:
+    differences found). The Spark Connect sessions it opened are released.
+
+    :param label: how the failure's line starts (default "<name> failed"; a report adds its run id)
+    :param on_failure: called with that one line's message before a failed run exits (a report
+        records it in its run); its own failure is logged, never raised
+    :param named_by_job: the job's own one line for an exception that is its user's problem (a
+        report's SQL meeting a value it cannot compute), or None: then exit 2
+    """
     from coldharbor.runtime.spark import release_sessions
 
     configure_logging()
     try:
-        return _run(name, body, unexpected_exit)
+        return _run(name, body, unexpected_exit, label or (lambda: f"{name} failed"), on_failure, named_by_job)
     finally:
         release_sessions()
 
@@ -126,22 +135,32 @@ def keep_traceback(name: str, exc: BaseException) -> Path | None:
     return path
 
 
-def _run(name: str, body: Callable[[], int], unexpected_exit: int) -> int:
+def _run(name: str, body: Callable[[], int], unexpected_exit: int, label: Callable[[], str],
+         on_failure: Callable[[str], None] | None,
+         named_by_job: Callable[[BaseException], str | None] | None) -> int:
     from coldharbor.runtime import settings
+
+    job_log = logging.getLogger(f"coldharbor.{name}")  # the job's own line, under the job's name
+
+    def failed(message: object, code: int = EXIT_REFUSED, recorded: object | None = None) -> int:
+        if on_failure is not None:
+            try:
+                on_failure(str(message if recorded is None else recorded))
+            except Exception as exc:  # noqa: BLE001 - the run's own line below says what failed
+                job_log.warning("%s: its failure could not be recorded: %s", label(), reason(exc))
+        job_log.error("%s: %s", label(), message)
+        return code
 
     try:
         settings.check_settings()
         return body()
     except ColdharborError as exc:
-        log.error("%s failed: %s", name, exc)
-        return EXIT_REFUSED
+        return failed(exc)
     except psycopg.OperationalError as exc:
-        log.error("%s failed: %s", name, PostgresUnavailableError(f"lost PostgreSQL: {exc}"))
-        return EXIT_REFUSED
+        return failed(PostgresUnavailableError(f"lost PostgreSQL: {exc}"))
     except psycopg.errors.InsufficientPrivilege as exc:  # one the checks before the work did not foresee
-        log.error("%s failed: %s", name, PrivilegeError(
+        return failed(PrivilegeError(
             f"PostgreSQL refused the job's role: {exc.diag.message_primary} (see README, 'Roles and privileges')"))
-        return EXIT_REFUSED
     except Exception as exc:
         from coldharbor.runtime.pg import lost_postgres
         from coldharbor.runtime.spark import lost_spark
@@ -149,8 +168,10 @@ def _run(name: str, body: Callable[[], int], unexpected_exit: int) -> int:
         # A Spark JDBC reader or writer that lost PostgreSQL, or the Spark Connect server gone.
         lost = lost_postgres(exc) or lost_spark(exc)
         if lost is not None:
-            log.error("%s failed: %s", name, lost)
-            return EXIT_REFUSED
+            return failed(lost)
+        own = named_by_job(exc) if named_by_job is not None else None
+        if own is not None:
+            return failed(own)
         kept = keep_traceback(name, exc)
-        log.error("%s failed: %s%s", name, unexpected(exc), f"; its traceback is in {kept}" if kept else "")
-        return unexpected_exit
+        return failed(f"{unexpected(exc)}{f'; its traceback is in {kept}' if kept else ''}", unexpected_exit,
+                      recorded=f"{type(exc).__name__}: {exc}")

@@ -13,8 +13,8 @@ from coldharbor.export import hot_reader
 from coldharbor.lake import registry_cache
 from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import ColdharborError, PostgresUnavailableError, ReportError
-from coldharbor.runtime.job_main import EXIT_UNFORESEEN, configure_logging, keep_traceback, unexpected
-from coldharbor.runtime.spark import data_error, lost_spark
+from coldharbor.runtime.job_main import run_job
+from coldharbor.runtime.spark import data_error
 from coldharbor.serve import report_runs, report_spec
 from coldharbor.serve.as_of import waiting_for_export
 from coldharbor.serve.report_runs import RunRecord
@@ -103,7 +103,7 @@ def build_config(args: argparse.Namespace, run_id: str) -> ServeConfig:
 
 
 def _record_failure(conn: psycopg.Connection | None, record: RunRecord, message: str) -> None:
-    if conn is None or conn.closed:
+    if conn is None or conn.closed or conn.broken:
         return
     try:
         report_runs.fail(conn, record, message)
@@ -180,82 +180,70 @@ def waiting_for(argv: list[str], dsn: str) -> str | None:
         return None
 
 
+class _Run:
+    """What a failure of the run needs to record it: the run, and PostgreSQL once connected."""
+
+    def __init__(self) -> None:
+        self.record: RunRecord | None = None
+        self.conn: psycopg.Connection | None = None
+
+    def label(self) -> str:
+        return f"serve_report failed (run {self.record.run_id})" if self.record is not None else "serve_report failed"
+
+    def record_failure(self, message: str) -> None:
+        if self.record is not None:
+            _record_failure(self.conn, self.record, message)
+
+
+def report_data_error(exc: BaseException) -> str | None:
+    """A value the report's SQL cannot compute (class 22: a division by zero, an overflow): the
+    report's problem, said in one line, not a bug of the job."""
+    failed_on = data_error(exc)
+    return None if failed_on is None else f"the report fails on its data: {failed_on}; nothing was written"
+
+
 def main(argv: list[str]) -> int:
-    """Runs one report; exit 0 served, 2 refused or a tier lost (one line), 1 an unforeseen failure.
-    The Spark Connect session it opened is released."""
-    from coldharbor.runtime.spark import release_sessions
-
-    configure_logging()
+    """Runs one report; exit 0 served, 2 refused or a tier lost (one line), 1 an unforeseen failure,
+    each failure recorded in its run once the run has started (job_main.run_job)."""
+    run = _Run()
     try:
-        return _main(argv)
+        return run_job("serve_report", lambda: _serve(argv, run), label=run.label, on_failure=run.record_failure,
+                       named_by_job=report_data_error)
     finally:
-        release_sessions()
+        if run.conn is not None:
+            run.conn.close()
 
 
-def _main(argv: list[str]) -> int:
+def _serve(argv: list[str], run: _Run) -> int:
     args = build_parser().parse_args(argv)  # a malformed command line exits 2 here
     report_name = args.report or "adhoc"
+    dsn = settings.pg_dsn()
+    jdbc = pg.JdbcTarget.from_dsn(dsn)
     record = RunRecord(args.run_id or default_run_id(report_name), report_name, args.target,
                        args.sink or "postgres", args.mode, None)
     try:
-        settings.check_settings()  # as every job does (job_main.run_job)
-        dsn = settings.pg_dsn()
-        jdbc = pg.JdbcTarget.from_dsn(dsn)
-    except ColdharborError as exc:
-        log.error("serve_report refused to run: %s", exc)
-        return 2
-    conn = None
-    try:
-        try:
-            conn = pg.connect(dsn)
-        except PostgresUnavailableError:
-            if args.mode == "strict":
-                raise
-        config = build_config(args, record.run_id)
-        record.target, record.sink, record.as_of = config.target, config.sink, config.as_of
-        # Refused here, the run is recorded as failed in one statement and no JVM starts.
-        checked = validate_report(config.report, registry.load(conn) if conn is not None else None)
-        if conn is not None and config.as_of is not None:
-            hot_reader.require_commit_times(conn)
-        if conn is not None:
-            report_runs.start(conn, record)  # from here on, a failure is recorded too
-        if conn is not None:
-            spark = report_session()
-            record.row_count = serve(spark, conn, jdbc, config, record, checked)
-            report_runs.succeed(conn, record)
-        else:
-            log.warning("best effort: PostgreSQL at %s is unreachable; reading the lake alone", pg.describe(dsn))
-            spark = report_session()
-            tables, columns = registry_cache.load(spark, config.lake_root)
-            record.row_count = serve_lake_only(spark, tables, columns, config, record, checked)
-    except ColdharborError as exc:
-        _record_failure(conn, record, str(exc))
-        log.error("serve_report failed (run %s): %s", record.run_id, exc)
-        return 2
-    except psycopg.OperationalError as exc:
-        log.error("serve_report failed (run %s): lost PostgreSQL: %s", record.run_id, exc)
-        return 2
-    except Exception as exc:  # recorded, then one line naming its kept traceback: a bug or an unforeseen failure
-        # ...unless a Spark JDBC reader or writer lost PostgreSQL, or the Spark Connect server is gone
-        lost = pg.lost_postgres(exc) or lost_spark(exc)
-        if lost is not None:
-            _record_failure(conn, record, str(lost))
-            log.error("serve_report failed (run %s): %s", record.run_id, lost)
-            return 2
-        failed_on = data_error(exc)
-        if failed_on is not None:  # the report's SQL met a value it cannot compute: the report's problem
-            message = f"the report fails on its data: {failed_on}; nothing was written"
-            _record_failure(conn, record, message)
-            log.error("serve_report failed (run %s): %s", record.run_id, message)
-            return 2
-        _record_failure(conn, record, f"{type(exc).__name__}: {exc}")
-        kept = keep_traceback("serve_report", exc)
-        log.error("serve_report failed (run %s): %s%s", record.run_id, unexpected(exc),
-                  f"; its traceback is in {kept}" if kept else "")
-        return EXIT_UNFORESEEN
-    finally:
-        if conn is not None:
-            conn.close()
+        run.conn = conn = pg.connect(dsn)
+    except PostgresUnavailableError:
+        if args.mode == "strict":
+            raise
+        conn = None
+    run.record = record
+    config = build_config(args, record.run_id)
+    record.target, record.sink, record.as_of = config.target, config.sink, config.as_of
+    # Refused here, the run is recorded as failed in one statement and no JVM starts.
+    checked = validate_report(config.report, registry.load(conn) if conn is not None else None)
+    if conn is not None and config.as_of is not None:
+        hot_reader.require_commit_times(conn)
+    if conn is not None:
+        report_runs.start(conn, record)  # from here on, a failure is recorded too
+        spark = report_session()
+        record.row_count = serve(spark, conn, jdbc, config, record, checked)
+        report_runs.succeed(conn, record)
+    else:
+        log.warning("best effort: PostgreSQL at %s is unreachable; reading the lake alone", pg.describe(dsn))
+        spark = report_session()
+        tables, columns = registry_cache.load(spark, config.lake_root)
+        record.row_count = serve_lake_only(spark, tables, columns, config, record, checked)
     log.info("report %s run %s: %s rows to %s (%s)%s; lake versions %s; dirty rows %s", config.report.name,
              config.run_id, record.row_count, config.target, config.sink,
              f"; DEGRADED: {record.detail}" if record.degraded else "", record.lake_versions, record.dirty_rows)

@@ -5,20 +5,31 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psycopg
+
 from coldharbor.capture import registry
+from coldharbor.capture.registry import RegisteredTable
 from coldharbor.runtime import pg, settings
+
+
+def registered(conn: psycopg.Connection, table_name: str) -> RegisteredTable:
+    """The registered table named `table_name`; UnknownTableError (exit 2) if none is."""
+    [table] = registry.load(conn, table_name)
+    registry.require_present([table])
+    return table
+
+
+def jdbc_target() -> pg.JdbcTarget:
+    """Spark's JDBC view of the job's PostgreSQL (COLDHARBOR_PG_DSN)."""
+    return pg.JdbcTarget.from_dsn(settings.pg_dsn())
 
 
 @contextmanager
 def one_table(table_name: str, app_name: str) -> Iterator[tuple]:
-    """(spark, conn, jdbc, table) for a job over one registered table: the table is looked up before
-    Spark starts, so an unregistered one is refused (exit 2) without a JVM."""
-    dsn = settings.pg_dsn()
-    jdbc = pg.JdbcTarget.from_dsn(dsn)
-    with pg.connect(dsn) as conn:
-        [table] = registry.load(conn, table_name)
-        registry.require_present([table])
+    """(spark, conn) for a job over one registered table: the table is looked up before Spark
+    starts, so an unregistered one is refused (exit 2) without a JVM."""
+    with pg.connect(settings.pg_dsn()) as conn:
+        registered(conn, table_name)
         from coldharbor.runtime.spark import get_session  # after the look-up: no JVM for an unknown table
 
-        yield get_session(app_name), conn, jdbc, table
-
+        yield get_session(app_name), conn

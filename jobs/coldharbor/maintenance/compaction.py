@@ -485,6 +485,28 @@ def parse_args(argv: list[str]) -> CompactionConfig:
         full_every=timedelta(hours=args.full_every_hours))
 
 
+def run(spark: SparkSession | None, conn: psycopg.Connection, config: CompactionConfig) -> int:
+    """Compacts the table, or every registered one (`spark` None: none is there to compact). Over
+    every table, one gone or dropped and created again is named at the end; the others are still
+    compacted. Exit 0, 3 when concurrent commits won every attempt on a table."""
+    refused, todo = registry.left_out(registry.load(conn, config.table))
+    results = [TableResult(t.qualified_name, "failed", error=why) for t, why in refused]
+    if todo and spark is None:  # registered since main looked
+        from coldharbor.runtime.spark import get_session
+
+        spark = get_session("coldharbor-compact")
+    results += [compact_table(spark, conn, t, config) for t in todo]
+    for result in results:
+        log.info("result: %s", result)
+    raise_if_tables_failed(results, "compacted")
+    gave_up = [r.table for r in results if r.status == "gave_up"]
+    if gave_up:
+        log.error("compact gave up on %s: concurrent commits won every attempt; nothing of those "
+                  "partitions was rewritten; run it again later", ", ".join(gave_up))
+        return EXIT_GAVE_UP
+    return 0
+
+
 def main(argv: list[str]) -> int:
     def body() -> int:
         config = parse_args(argv)
@@ -492,24 +514,12 @@ def main(argv: list[str]) -> int:
             tables = registry.load(conn, config.table)
             if config.table is not None:
                 registry.require_present(tables)  # before Spark starts
-            # Over every table, one gone or dropped and created again is named at the end; the
-            # others are still compacted.
-            refused, todo = registry.left_out(tables)
-            results = [TableResult(t.qualified_name, "failed", error=why) for t, why in refused]
-            if todo:
+            spark = None
+            if registry.left_out(tables)[1]:  # a table to compact: only then a JVM
                 from coldharbor.runtime.spark import get_session
 
                 spark = get_session("coldharbor-compact")
-                results += [compact_table(spark, conn, t, config) for t in todo]
-        for result in results:
-            log.info("result: %s", result)
-        raise_if_tables_failed(results, "compacted")
-        gave_up = [r.table for r in results if r.status == "gave_up"]
-        if gave_up:
-            log.error("compact gave up on %s: concurrent commits won every attempt; nothing of those "
-                      "partitions was rewritten; run it again later", ", ".join(gave_up))
-            return EXIT_GAVE_UP
-        return 0
+            return run(spark, conn, config)
 
     return run_job("compact", body)
 

@@ -352,23 +352,36 @@ def parse_args(argv: list[str]) -> PurgeConfig:
                        allow_short_retention=args.allow_short_retention)
 
 
+def check(conn: psycopg.Connection, config: PurgeConfig) -> RegisteredTable:
+    """The table to purge, once the predicate and the job's privileges are checked (before Spark
+    starts: bad input changes nothing and starts no JVM)."""
+    [table] = registry.load(conn, config.table)
+    registry.require_present([table])
+    registry.require_privileges(conn, table, deletes=True)
+    columns = registry.lake_columns(conn, table)
+    refuse_unheld_keys(conn, table, columns, purge_predicate.parse(config.where, columns))
+    return table
+
+
+def run(spark: SparkSession, conn: psycopg.Connection, config: PurgeConfig) -> int:
+    """Purges the matching rows everywhere: exit 0, or 4 when files the retention keeps still hold some."""
+    table = check(conn, config)
+    result = purge(spark, conn, table, config)
+    if not result.complete:
+        log.error("purge of %s incomplete: %s (files kept by the retention still hold them; run VACUUM "
+                  "after the retention, or purge with a shorter one)", table.qualified_name, result.remaining)
+        return EXIT_INCOMPLETE
+    return 0
+
+
 def main(argv: list[str]) -> int:
     def body() -> int:
         config = parse_args(argv)
         with pg.connect(settings.pg_dsn()) as conn:
-            [table] = registry.load(conn, config.table)
-            registry.require_present([table])
-            registry.require_privileges(conn, table, deletes=True)  # refuse before Spark starts
-            columns = registry.lake_columns(conn, table)
-            refuse_unheld_keys(conn, table, columns, purge_predicate.parse(config.where, columns))
+            check(conn, config)
             from coldharbor.runtime.spark import get_session
 
-            result = purge(get_session("coldharbor-purge"), conn, table, config)
-        if not result.complete:
-            log.error("purge of %s incomplete: %s (files kept by the retention still hold them; run VACUUM "
-                      "after the retention, or purge with a shorter one)", table.qualified_name, result.remaining)
-            return EXIT_INCOMPLETE
-        return 0
+            return run(get_session("coldharbor-purge"), conn, config)
 
     return run_job("purge", body)
 

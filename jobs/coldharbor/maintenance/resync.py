@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 
 from coldharbor.capture import registry
-from coldharbor.capture.table_job import one_table
+from coldharbor.capture.table_job import jdbc_target, one_table, registered
 from coldharbor.export import base_load
 from coldharbor.export.export_job import recover_pending
 from coldharbor.maintenance import maintenance_runs
@@ -67,18 +67,24 @@ def resync_table(spark, conn, jdbc: pg.JdbcTarget, table: registry.RegisteredTab
                                     config.run_id)
 
 
+def run(spark, conn, config: ResyncConfig) -> int:
+    """Writes the table's new base, records the run and says so."""
+    table = registered(conn, config.table)
+    with maintenance_runs.recorded(conn, config.run_id, table.table_id, "resync"):
+        result = resync_table(spark, conn, jdbc_target(), table, config)
+    maintenance_runs.finish(conn, config.run_id, table.table_id, "resync", "succeeded",
+                            {"kind": result.kind, "rows": result.rows, "batch_id": result.batch_id},
+                            result.lake_version)
+    print(f"{table.qualified_name}: resynced from PostgreSQL as Delta version {result.lake_version} "
+          f"({result.rows} rows and delete markers in the new base)", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     def body() -> int:
         config = parse_args(argv)
-        with one_table(config.table, "coldharbor-resync") as (spark, conn, jdbc, table):
-            with maintenance_runs.recorded(conn, config.run_id, table.table_id, "resync"):
-                result = resync_table(spark, conn, jdbc, table, config)
-            maintenance_runs.finish(conn, config.run_id, table.table_id, "resync", "succeeded",
-                                    {"kind": result.kind, "rows": result.rows, "batch_id": result.batch_id},
-                                    result.lake_version)
-        print(f"{table.qualified_name}: resynced from PostgreSQL as Delta version {result.lake_version} "
-              f"({result.rows} rows and delete markers in the new base)", flush=True)
-        return 0
+        with one_table(config.table, "coldharbor-resync") as (spark, conn):
+            return run(spark, conn, config)
 
     return run_job("resync", body)
 

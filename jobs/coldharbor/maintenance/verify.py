@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.capture.table_job import one_table
+from coldharbor.capture.table_job import jdbc_target, one_table, registered
 from coldharbor.export import base_load, batches, table_reader
 from coldharbor.export.table_reader import TableSnapshot
 from coldharbor.lake import delta, lake_values
@@ -313,19 +313,25 @@ def parse_args(argv: list[str]) -> VerifyConfig:
                         args.run_id or maintenance_runs.new_run_id("verify"))
 
 
+def run(spark: SparkSession, conn: psycopg.Connection, config: VerifyConfig) -> int:
+    """Verifies the table, records the run and prints its summary: exit 0 in sync, 1 differences."""
+    table = registered(conn, config.table)
+    with maintenance_runs.recorded(conn, config.run_id, table.table_id, "verify"):
+        result = verify_table(spark, conn, jdbc_target(), table, config)
+    detail = {"result": "in sync" if result.in_sync else "differences", "rows": result.rows,
+              "chunks": result.chunks, "differing": result.differing, "samples": result.samples}
+    maintenance_runs.finish(conn, config.run_id, table.table_id, "verify",
+                            "succeeded" if result.in_sync else "failed", detail, result.lake_version,
+                            None if result.in_sync else result.summary()[:2000])
+    print(result.summary(), flush=True)
+    return 0 if result.in_sync else EXIT_DIFFERENT
+
+
 def main(argv: list[str]) -> int:
     def body() -> int:
         config = parse_args(argv)
-        with one_table(config.table, "coldharbor-verify") as (spark, conn, jdbc, table):
-            with maintenance_runs.recorded(conn, config.run_id, table.table_id, "verify"):
-                result = verify_table(spark, conn, jdbc, table, config)
-            detail = {"result": "in sync" if result.in_sync else "differences", "rows": result.rows,
-                      "chunks": result.chunks, "differing": result.differing, "samples": result.samples}
-            maintenance_runs.finish(conn, config.run_id, table.table_id, "verify",
-                                    "succeeded" if result.in_sync else "failed", detail, result.lake_version,
-                                    None if result.in_sync else result.summary()[:2000])
-        print(result.summary(), flush=True)
-        return 0 if result.in_sync else EXIT_DIFFERENT
+        with one_table(config.table, "coldharbor-verify") as (spark, conn):
+            return run(spark, conn, config)
 
     # Exit 1 says "differences found" alone: an error no check foresaw is one line and exit 2 too.
     return run_job("verify", body, unexpected_exit=EXIT_REFUSED)

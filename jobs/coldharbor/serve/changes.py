@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.capture.table_job import one_table
+from coldharbor.capture.table_job import jdbc_target, one_table, registered
 from coldharbor.export import hot_reader, table_reader
 from coldharbor.export.base_load import RebaseWindow
 from coldharbor.lake import delta
@@ -281,16 +281,22 @@ def write_feed(feed: DataFrame, conn: psycopg.Connection, jdbc: pg.JdbcTarget, c
                              {"change_feed": table.qualified_name})
 
 
+def run(spark: SparkSession, conn: psycopg.Connection, config: FeedConfig) -> int:
+    """Writes the table's change feed between the two points to the target and says how many of each kind."""
+    table, jdbc = registered(conn, config.table), jdbc_target()
+    feed = read_feed(spark, conn, jdbc, table, config)
+    rows = write_feed(feed, conn, jdbc, config, table)
+    counts = {r[CHANGE_TYPE]: r["n"] for r in feed.groupBy(CHANGE_TYPE).agg(F.count(F.lit(1)).alias("n")).collect()}
+    print(f"{table.qualified_name}: {rows} change feed rows in {report_spec.REPORTS_SCHEMA}.{config.target} ("
+          + ", ".join(f"{counts.get(kind, 0)} {kind}" for kind in CHANGE_TYPES) + ")", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     def body() -> int:
         config = parse_args(argv)
-        with one_table(config.table, "coldharbor-changes") as (spark, conn, jdbc, table):
-            feed = read_feed(spark, conn, jdbc, table, config)
-            rows = write_feed(feed, conn, jdbc, config, table)
-        counts = {r[CHANGE_TYPE]: r["n"] for r in feed.groupBy(CHANGE_TYPE).agg(F.count(F.lit(1)).alias("n")).collect()}
-        print(f"{table.qualified_name}: {rows} change feed rows in {report_spec.REPORTS_SCHEMA}.{config.target} ("
-              + ", ".join(f"{counts.get(kind, 0)} {kind}" for kind in CHANGE_TYPES) + ")", flush=True)
-        return 0
+        with one_table(config.table, "coldharbor-changes") as (spark, conn):
+            return run(spark, conn, config)
 
     return run_job("changes", body)
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import duckdb
 from coldharbor.capture import registry
-from coldharbor.lake import delta
+from coldharbor.lake import commits, delta
 from coldharbor.lake.lake_rows import NEWEST, SETTLED, latest_per_key
 from coldharbor.lake.unified import cold_live
 from coldharbor.maintenance.compaction import CompactionConfig, compact_table
@@ -222,7 +222,7 @@ def build_shapes(spark: SparkSession, dsn: str, folder: str, rows: int, exports:
         # As the registration's exports leave it: the base and every export batch recorded.
         conn.execute("UPDATE coldharbor.tables SET load_state = 'loaded', last_batch_id = %s WHERE table_id = %s",
                      (exports + 2, registered.table_id))
-    app_id = delta.export_app_id(registered.table_id)
+    app_id = commits.export_app_id(registered.table_id)
     roots = {shape: f"{folder}/{i}" for i, shape in enumerate(SHAPES)}
     table = f"public/{TABLE}"
     build_lake(spark, f"{roots['single export']}/{table}", rows, app_id)
@@ -316,7 +316,7 @@ def run_settings(rows: int, dirty_fraction: float, repeats: int, exports: int, s
             conn.execute("UPDATE coldharbor.tables SET load_state = 'loaded', last_batch_id = %s WHERE table_id = %s",
                          (exports + 1, registered.table_id))
         path = f"{folder}/public/{TABLE}"
-        build_lake(spark, path, rows, delta.export_app_id(registered.table_id))
+        build_lake(spark, path, rows, commits.export_app_id(registered.table_id))
         add_exports(path, rows, exports)
         variants = {"defaults": {}, **CANDIDATE_SETTINGS}
         for name, sql in REPORTS.items():

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 from coldharbor.capture import registry
-from coldharbor.lake import delta
+from coldharbor.lake import commits, delta
 
 from tests.connect_server import run_job, running_server, start_job
 from tests.helpers import dirty_ids, lake_live, lake_table, pg_rows, wait_until_paused
@@ -93,7 +93,7 @@ def assert_converged(spark, conn, name: str, lake_root: str) -> None:
                            "WHERE table_id = %s AND state = 'flushed' AND kind = 'changes'", (table.table_id,)).fetchall()
     assert flushed
     missing = [b for b, token in flushed
-               if delta.find_batch_commit(spark, path, delta.export_app_id(table.table_id), b, token, name) is None]
+               if commits.find_batch_commit(spark, path, commits.export_app_id(table.table_id), b, token, name) is None]
     assert missing == []
 
 

@@ -32,6 +32,10 @@ class MigrationChangedError(ColdharborError):
     """An applied migration file was edited afterwards."""
 
 
+class MigrationFailedError(ColdharborError):
+    """PostgreSQL refused a migration (it rolled back whole; the ones before it stay applied)."""
+
+
 @dataclass(frozen=True)
 class Migration:
     name: str
@@ -63,16 +67,26 @@ def apply(conn: psycopg.Connection, migrations: list[Migration]) -> list[str]:
                     raise MigrationChangedError(
                         f"migration {migration.name} changed after it was applied; add a new file instead")
                 continue
-            with conn.transaction():
-                conn.execute(migration.sql)
-                conn.execute("INSERT INTO coldharbor.schema_migrations (name, checksum) VALUES (%s, %s)",
-                             (migration.name, migration.checksum))
-                apply_privileges(conn)
+            try:
+                with conn.transaction():
+                    _apply_one(conn, migration)
+            except psycopg.Error as exc:
+                if conn.broken:
+                    raise  # PostgreSQL lost: said so as such
+                raise MigrationFailedError(f"migration {migration.name} failed and was rolled back: "
+                                           f"{exc.diag.message_primary or exc}") from exc
             log.info("applied migration %s", migration.name)
             done.append(migration.name)
         return done
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s, %s)", MIGRATE_LOCK)
+
+
+def _apply_one(conn: psycopg.Connection, migration: Migration) -> None:
+    conn.execute(migration.sql)
+    conn.execute("INSERT INTO coldharbor.schema_migrations (name, checksum) VALUES (%s, %s)",
+                 (migration.name, migration.checksum))
+    apply_privileges(conn)
 
 
 def apply_privileges(conn: psycopg.Connection) -> None:

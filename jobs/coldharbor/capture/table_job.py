@@ -27,7 +27,9 @@ def jdbc_target() -> pg.JdbcTarget:
 @contextmanager
 def one_table(table_name: str, app_name: str) -> Iterator[tuple]:
     """(spark, conn) for a job over one registered table: the table is looked up before Spark
-    starts, so an unregistered one is refused (exit 2) without a JVM."""
+    starts, so an unregistered one is refused (exit 2) without a JVM, as is a DSN Spark's JDBC
+    driver cannot use."""
+    jdbc_target()
     with pg.connect(settings.pg_dsn()) as conn:
         registered(conn, table_name)
         from coldharbor.runtime.spark import get_session  # after the look-up: no JVM for an unknown table

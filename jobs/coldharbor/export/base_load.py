@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.export import table_reader
-from coldharbor.lake import delta, lake_values
+from coldharbor.lake import commits, delta, lake_values, writes
 from coldharbor.lake.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ, column, latest_per_key, to_lake_rows
 from coldharbor.lake.unified import table_contract
 from coldharbor.runtime import faults, pg
@@ -299,11 +299,11 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
     points = "rebase" if rebase else kind
     if kind not in KINDS:
         raise ValueError(f"a base is one of {KINDS}, not {kind!r}")
-    app_id = delta.export_app_id(table.table_id)
+    app_id = commits.export_app_id(table.table_id)
     # Refusals (an unwritable lake, a type the lake table cannot take) come before the intent, so a
     # refused base leaves nothing behind.
-    delta.ensure_writable(spark, path)
-    delta.require_own_lake(spark, path, app_id, table.quoted_name)
+    writes.ensure_writable(spark, path)
+    commits.require_own_lake(spark, path, app_id, table.quoted_name)
     keys = [c.name for c in columns if c.is_key]
     new_relation = answers_new_relation(conn, table.table_id)
     change, replace = base_schema_change(spark, table, columns, path, new_relation,
@@ -315,7 +315,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
         lake_keys = lake_sequences(spark, path, keys)
         if lake_keys is not None:
             advance_change_sequence(conn, lake_keys, table, path)
-    batch_id, token = begin(conn, table, kind, run_id, delta.committed_txn_version(spark, path, app_id))
+    batch_id, token = begin(conn, table, kind, run_id, commits.committed_txn_version(spark, path, app_id))
     hook(f"{points}_after_intent")
     try:
         _read_and_append(spark, conn, jdbc, table, columns, path, kind, run_id, batch_id, token, lake_keys,
@@ -336,7 +336,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
 
 
 def base_schema_change(spark: SparkSession, table: RegisteredTable, columns: Sequence[LakeColumn], path: str,
-                       new_relation: bool, replacing: bool = False) -> tuple[delta.SchemaChange, bool]:
+                       new_relation: bool, replacing: bool = False) -> tuple[writes.SchemaChange, bool]:
     """How the base's columns differ from the lake table's, and whether the base replaces the lake's
     rows. Another relation registered under the name (sql/017) owns none of them, evicted ones
     included (sql/018): when the lake table cannot take its rows beside them (a key column it lacks,
@@ -345,26 +345,26 @@ def base_schema_change(spark: SparkSession, table: RegisteredTable, columns: Seq
     sql/020). Otherwise the base outranks them key by key, so instants before it are still
     answered. Any other table with a type the lake cannot widen to is refused (ConfigError)."""
     if replacing:
-        return delta.SchemaChange((), ()), True
+        return writes.SchemaChange((), ()), True
     wanted = spark.range(0).transform(table_contract(columns)).schema
     try:
-        change = delta.schema_change(spark, path, wanted, table.qualified_name)
+        change = writes.schema_change(spark, path, wanted, table.qualified_name)
     except ConfigError:
         if not new_relation:
             raise
-        return delta.SchemaChange((), ()), True
+        return writes.SchemaChange((), ()), True
     if new_relation and any(c.is_key and c.name in change.added for c in columns):
-        return delta.SchemaChange((), ()), True
+        return writes.SchemaChange((), ()), True
     return change, False
 
 
 def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
                      columns: Sequence[LakeColumn], path: str, kind: str, run_id: str, batch_id: int, token: str,
-                     lake_keys: DataFrame | None, change: delta.SchemaChange, hook: faults.Hook,
+                     lake_keys: DataFrame | None, change: writes.SchemaChange, hook: faults.Hook,
                      points: str, new_relation: bool, replace: bool) -> None:
     """Reads the table in one exported snapshot and appends the base in one Delta commit (`replace`:
     the commit holds the base alone)."""
-    app_id = delta.export_app_id(table.table_id)
+    app_id = commits.export_app_id(table.table_id)
     with conn.transaction():
         # The exporting transaction stays open until the write's tasks have imported its snapshot.
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -389,10 +389,10 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
         rows = faults.inside_tasks(rows, f"{points}_during_write")
         with pg.lake_commit_lock(conn, table.table_id, path):
             if change.widened:
-                delta.widen_columns(spark, path, change.widened, table.partition_by,
+                writes.widen_columns(spark, path, change.widened, table.partition_by,
                                    {"operation": "coldharbor-widen", "run_id": run_id,
                                     "columns": dict(change.widened)})
-            delta.append_batch(rows, path, app_id=app_id, batch_id=batch_id, partition_by=table.partition_by,
+            writes.append_batch(rows, path, app_id=app_id, batch_id=batch_id, partition_by=table.partition_by,
                               metadata={"app_id": app_id, "batch_id": batch_id, "run_id": run_id, "kind": kind,
                                         "table": table.qualified_name, "commit_token": token,
                                         "snapshot_at": snapshot.taken_at.isoformat(),
@@ -442,7 +442,7 @@ def starts_lake(kind: str, version: int, replaces: bool = False) -> bool:
 def finish_if_committed(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
                         batch_id: int, kind: str, commit_token: str | None) -> BaseResult | None:
     """Records a base whose Delta commit exists; None (and nothing recorded) when it does not."""
-    entry = delta.batch_commit_entry(spark, path, delta.export_app_id(table.table_id), batch_id, commit_token,
+    entry = commits.batch_commit_entry(spark, path, commits.export_app_id(table.table_id), batch_id, commit_token,
                                     table.qualified_name)
     if entry is None:
         return None

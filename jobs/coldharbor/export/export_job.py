@@ -29,7 +29,7 @@ from pyspark.sql import SparkSession
 from coldharbor.capture import registry
 from coldharbor.capture.registry import RegisteredTable
 from coldharbor.export import base_load, batches, hot_reader
-from coldharbor.lake import delta
+from coldharbor.lake import commits, delta, writes
 from coldharbor.lake.lake_rows import to_lake_rows
 from coldharbor.lake.unified import table_contract
 from coldharbor.runtime import faults, pg, settings
@@ -243,8 +243,8 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
                                loaded_rows=loaded.rows if loaded else 0)
         columns = registry.lake_columns(conn, table)
         refuse_if_lake_gone(spark, conn, table, path)
-        delta.ensure_writable(spark, path)
-        change = delta.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
+        writes.ensure_writable(spark, path)
+        change = writes.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
                                     table.qualified_name)
         if change.added or change.dropped:
             log.warning("%s: columns added in PostgreSQL: %s (the lake table gains them, NULL in older rows); "
@@ -257,7 +257,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
             log.info("%s: the lake table gains metadata column(s) %s (NULL in older rows)", table.qualified_name,
                      ", ".join(change.metadata_added))
 
-        delta.require_own_lake(spark, path, delta.export_app_id(table.table_id), table.quoted_name)
+        commits.require_own_lake(spark, path, commits.export_app_id(table.table_id), table.quoted_name)
         refuse_if_lake_ahead(spark, conn, table, path)
         # One snapshot for the images and the batch's change ids (invariant 1): this transaction
         # exports it, the JDBC readers import it, and the intent is recorded in it and committed.
@@ -271,22 +271,22 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         hook("after_intent")
 
         exported_at = datetime.now(timezone.utc)
-        app_id = delta.export_app_id(table.table_id)
+        app_id = commits.export_app_id(table.table_id)
         rows = images.transform(to_lake_rows(columns, batch.batch_id, exported_at))
         rows = faults.inside_tasks(rows, "during_write")
         with pg.lake_commit_lock(conn, table.table_id, path):
             if change.widened:
-                delta.widen_columns(spark, path, change.widened, table.partition_by,
+                writes.widen_columns(spark, path, change.widened, table.partition_by,
                                    {"operation": "coldharbor-widen", "run_id": config.run_id,
                                     "columns": dict(change.widened)})
-            delta.append_batch(rows, path,
+            writes.append_batch(rows, path,
                               app_id=app_id, batch_id=batch.batch_id, partition_by=table.partition_by,
                               metadata={"app_id": app_id, "batch_id": batch.batch_id, "run_id": config.run_id,
                                         "table": table.qualified_name, "commit_token": batch.commit_token},
                               add_columns=bool(change.added or change.metadata_added),
                               stats_columns=[*table.key_columns, *table.sort_by])
         hook("after_commit")
-        version = delta.find_batch_commit(spark, path, app_id, batch.batch_id, batch.commit_token, table.qualified_name)
+        version = commits.find_batch_commit(spark, path, app_id, batch.batch_id, batch.commit_token, table.qualified_name)
         if version is None:
             raise LakeUnavailableError(f"batch {batch.batch_id} of {table.qualified_name} was written to {path} "
                                        "but its commit is not in the Delta history; nothing was marked")
@@ -301,7 +301,7 @@ def refuse_if_lake_ahead(spark: SparkSession, conn: psycopg.Connection, table: R
     """LakeAheadError, before anything is read or recorded, when Delta already recorded the batch id
     the next batch would take: the append would be skipped as a replay. Checked before the intent,
     so a refused run uses up no batch id and every retry is refused until a resync."""
-    delta.require_unused_batch_id(spark, path, delta.export_app_id(table.table_id),
+    commits.require_unused_batch_id(spark, path, commits.export_app_id(table.table_id),
                                  batches.next_batch_id(conn, table.table_id), table.qualified_name)
 
 
@@ -329,7 +329,7 @@ def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: Regist
     A batch whose id the lake holds from another export (PostgreSQL restored from a backup) is a
     LakeAheadError; with `abandon_foreign` (resync, which rebuilds the lake from PostgreSQL) it is
     abandoned instead, its changes left dirty."""
-    app_id = delta.export_app_id(table.table_id)
+    app_id = commits.export_app_id(table.table_id)
     pending = batches.pending(conn, table.table_id)
     for batch_id, kind, token in pending:
         try:
@@ -342,9 +342,9 @@ def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: Regist
                     log.warning("%s: the %s in batch %s never reached the lake; it is written again",
                                 table.qualified_name, kind, batch_id)
                 continue
-            version = committed_or_fenced(spark, conn, table, path, batch_id, lambda: delta.find_batch_commit(
+            version = committed_or_fenced(spark, conn, table, path, batch_id, lambda: commits.find_batch_commit(
                 spark, path, app_id, batch_id, token, table.qualified_name))
-        except delta.LakeAheadError:
+        except commits.LakeAheadError:
             if not abandon_foreign:
                 raise
             batches.abandon(conn, table.table_id, batch_id)
@@ -365,12 +365,12 @@ def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: Regist
 def committed_or_fenced(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
                         batch_id: int, find: Callable[[], T | None]) -> T | None:
     """What `find` finds of a pending batch's commit; when it finds nothing, the batch is fenced
-    first (`delta.fence_batch`: a write of it still running, as on a Spark Connect server whose client
+    first (`commits.fence_batch`: a write of it still running, as on a Spark Connect server whose client
     died, can then never land) and looked for once more, in case it landed just before the fence."""
     found = find()
     if found is None:
         with pg.lake_commit_lock(conn, table.table_id, path):
-            delta.fence_batch(spark, path, delta.export_app_id(table.table_id), batch_id)
+            commits.fence_batch(spark, path, commits.export_app_id(table.table_id), batch_id)
         found = find()
     return found
 

@@ -28,7 +28,7 @@ from pyspark.sql import SparkSession
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import RegisteredTable
-from coldharbor.lake import delta, lake_store
+from coldharbor.lake import delta, lake_store, writes
 from coldharbor.maintenance import maintenance_runs
 from coldharbor.runtime import faults, pg, settings
 from coldharbor.runtime.errors import ColdharborError, ConfigError, raise_if_tables_failed
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 # travel of versions younger than the retention).
 DELTA_GUARD_HOURS = 168.0
 # Files of our own that Delta's VACUUM never touches (their names start with '_' or '.').
-OWN_LEFTOVERS = (delta.WRITE_PROBE,)
+OWN_LEFTOVERS = (writes.WRITE_PROBE,)
 RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
 
 
@@ -190,7 +190,7 @@ def _align_retention_property(spark: SparkSession, path: str, retention: timedel
     wanted = f"interval {int(retention.total_seconds())} seconds"
     current = spark.sql(f"DESCRIBE DETAIL {delta.path_literal(path)}").first()["properties"].get(RETENTION_PROPERTY)
     if current != wanted:
-        delta.set_table_property(spark, path, RETENTION_PROPERTY, wanted)
+        writes.set_table_property(spark, path, RETENTION_PROPERTY, wanted)
         log.info("%s: %s set to %s (was %s)", path, RETENTION_PROPERTY, wanted, current or "the default")
 
 

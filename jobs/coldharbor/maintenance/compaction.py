@@ -49,7 +49,7 @@ from pyspark.sql import functions as F
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import RegisteredTable
-from coldharbor.lake import delta
+from coldharbor.lake import commits, delta, writes
 from coldharbor.lake.delta import LakeFile, LakeSnapshot
 from coldharbor.lake.lake_rows import BATCH_ID, DELETED, KEEP, SETTLED, column, mark_kept, mark_settled, quoted
 from coldharbor.maintenance import maintenance_runs
@@ -299,10 +299,10 @@ def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: Reg
         # the schema: a table still without the column gains it with the rewrite, and the property
         # after it (that rewrite's files have none; the next ones do).
         if not adds_settled:
-            delta.collect_statistics_of(spark, path, SETTLED)
+            writes.collect_statistics_of(spark, path, SETTLED)
         writer.save(path)
         if adds_settled:
-            delta.collect_statistics_of(spark, path, SETTLED)
+            writes.collect_statistics_of(spark, path, SETTLED)
     hook("compact_after_commit")
     figures = observation.get
     _record_commit(spark, path, metadata, result, "compacted")
@@ -370,7 +370,7 @@ def _merge_partition(spark: SparkSession, conn: psycopg.Connection, table: Regis
 def _record_commit(spark: SparkSession, path: str, metadata: dict, result: PartitionResult, status: str) -> None:
     """The partition's commit (found by its metadata) into `result`: its version, files and bytes."""
     keys = ("operation", "run_id", "read_version", "partition")
-    entry = delta.find_commit_entry(spark, path, {k: metadata[k] for k in keys})
+    entry = commits.find_commit_entry(spark, path, {k: metadata[k] for k in keys})
     if entry is None:
         raise LakeUnavailableError(f"the {metadata['operation']} commit of {metadata['table']} is not in the "
                                    "Delta history")

@@ -39,7 +39,7 @@ from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.export import hot_reader
 from coldharbor.export.export_job import recover_pending
-from coldharbor.lake import delta, lake_store, lake_values
+from coldharbor.lake import commits, delta, lake_store, lake_values
 from coldharbor.lake.lake_rows import DELETED, SETTLED, column, latest_per_key, quoted
 from coldharbor.maintenance import maintenance_runs, purge_predicate
 from coldharbor.maintenance.cleanup import DELTA_GUARD_HOURS, check_retention, vacuum_files
@@ -281,7 +281,7 @@ def _merge_delete(spark: SparkSession, path: str, schema, key_names: list[str], 
                       f"WHEN NOT MATCHED BY SOURCE AND ({_live_match(predicate)}) THEN DELETE").collect()
     finally:
         spark.catalog.dropTempView(source)
-    entry = delta.find_commit_entry(spark, path, {"operation": "coldharbor-purge", "run_id": config.run_id})
+    entry = commits.find_commit_entry(spark, path, {"operation": "coldharbor-purge", "run_id": config.run_id})
     if entry is None:
         raise LakeUnavailableError(f"the purge commit of {path} is not in its Delta history")
     return int(entry["metrics"].get("numTargetRowsDeleted", 0)), entry["version"]
@@ -364,8 +364,9 @@ def check(conn: psycopg.Connection, config: PurgeConfig) -> RegisteredTable:
 
 
 def run(spark: SparkSession, conn: psycopg.Connection, config: PurgeConfig) -> int:
-    """Purges the matching rows everywhere: exit 0, or 4 when files the retention keeps still hold some."""
-    table = check(conn, config)
+    """Purges the matching rows everywhere, once `check` passed: exit 0, or 4 when files the
+    retention keeps still hold some."""
+    [table] = registry.load(conn, config.table)
     result = purge(spark, conn, table, config)
     if not result.complete:
         log.error("purge of %s incomplete: %s (files kept by the retention still hold them; run VACUUM "

@@ -32,7 +32,7 @@ from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.capture.table_job import jdbc_target, one_table, registered
 from coldharbor.export import base_load, batches, table_reader
 from coldharbor.export.table_reader import TableSnapshot
-from coldharbor.lake import delta, lake_values
+from coldharbor.lake import commits, delta, lake_values
 from coldharbor.lake.lake_rows import column
 from coldharbor.maintenance import maintenance_runs, verify_digests
 from coldharbor.maintenance.verify_digests import CHUNK, HASH, WEIGHT, Chunking
@@ -202,7 +202,7 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
                  config: VerifyConfig) -> VerifyResult:
     path = table.lake_path(config.lake_root)
     # A folder another registration wrote blocks the next export too: say that, not "wait for it".
-    delta.require_own_lake(spark, path, delta.export_app_id(table.table_id), table.quoted_name)
+    commits.require_own_lake(spark, path, commits.export_app_id(table.table_id), table.quoted_name)
     state = base_load.load_state(conn, table.table_id)
     if state.rebase_pending:
         raise ConfigError(f"{table.qualified_name} cannot be verified yet: its lake rows are being rebuilt from "
@@ -254,11 +254,11 @@ class LakeAheadOfPostgresError(ColdharborError):
 
 def refuse_if_lake_ahead(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str) -> None:
     """LakeAheadOfPostgresError, naming the way out, when the lake committed a batch id PostgreSQL
-    has not used (`delta.check_batch_id`; the lake's figure is read first, as the export reads it)."""
-    lake_batch_id = delta.committed_txn_version(spark, path, delta.export_app_id(table.table_id))
+    has not used (`commits.check_batch_id`; the lake's figure is read first, as the export reads it)."""
+    lake_batch_id = commits.committed_txn_version(spark, path, commits.export_app_id(table.table_id))
     try:
-        delta.check_batch_id(lake_batch_id, batches.next_batch_id(conn, table.table_id), table.qualified_name)
-    except delta.LakeAheadError as exc:
+        commits.check_batch_id(lake_batch_id, batches.next_batch_id(conn, table.table_id), table.qualified_name)
+    except commits.LakeAheadError as exc:
         raise LakeAheadOfPostgresError(
             f"{table.quoted_name} cannot be verified: the lake is ahead of PostgreSQL (restored from a backup?): "
             f"{exc.detail}, so the lake's later commits are not PostgreSQL's past; rebuild the table's lake state "

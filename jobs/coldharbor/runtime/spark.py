@@ -249,6 +249,9 @@ def release_sessions() -> None:
 def connect_session(url: str, app_name: str):
     """A new Spark Connect session on the server at `url`, with the jobs' session settings; an
     unreachable server is a SparkUnavailableError after at most COLDHARBOR_SPARK_REMOTE_WAIT_SECONDS."""
+    # Delta's commit conflicts then arrive as delta.exceptions classes (lake.delta.CONFLICTS); imported
+    # here, not with the lake: it loads the whole Connect client (1.3 s), which classic jobs never need.
+    import delta.connect.exceptions  # noqa: F401
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.client.retries import DefaultPolicy
 

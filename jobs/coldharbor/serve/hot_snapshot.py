@@ -21,7 +21,7 @@ from psycopg import sql
 from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.export import base_load, batches, hot_reader
-from coldharbor.lake import delta, lake_values
+from coldharbor.lake import commits, lake_values
 from coldharbor.lake.lake_rows import DELETED
 from coldharbor.runtime.errors import LakeUnavailableError
 
@@ -206,23 +206,23 @@ def _missing_base(load: base_load.LoadState, version: int | None,
 
 def lake_ahead(conn: psycopg.Connection, table: RegisteredTable, lake_batch_id: int | None,
                version: int | None = None) -> str | None:
-    """The export's refusal (`delta.check_batch_id`) when the lake holds a batch id this snapshot of
+    """The export's refusal (`commits.check_batch_id`) when the lake holds a batch id this snapshot of
     PostgreSQL never used (it was restored from a backup), else None. `lake_batch_id` is the lake's
     `committed_txn_version`, read before the snapshot. The lake is then not PostgreSQL's past, and
     PostgreSQL alone is the table, unless it is tiered: its evicted rows live in the lake alone, and
     the report is refused.
 
-    A lake table at pinned `version` in which the registration never committed (`delta.foreign_lake`:
+    A lake table at pinned `version` in which the registration never committed (`commits.foreign_lake`:
     another registration's) is not the table's past either; the export refuses to write there, so
     none of the table's rows ever left PostgreSQL, which alone is the table, tiered or not."""
     if version is not None and lake_batch_id is None:
         return (f"the lake table of {table.quoted_name} was not written by its registration (an earlier "
                 "registration's, or another table's; the export refuses to write there and names the folder)")
     try:
-        delta.check_batch_id(lake_batch_id, batches.next_batch_id(conn, table.table_id), table.qualified_name)
-    except delta.LakeAheadError as exc:
+        commits.check_batch_id(lake_batch_id, batches.next_batch_id(conn, table.table_id), table.qualified_name)
+    except commits.LakeAheadError as exc:
         if base_load.keeps_lake_only_rows(conn, table):
-            raise delta.LakeAheadError(table.qualified_name, exc.batch_id, f"{exc.detail}; rows evicted from "
+            raise commits.LakeAheadError(table.qualified_name, exc.batch_id, f"{exc.detail}; rows evicted from "
                                       "PostgreSQL live in the lake alone, so no report can read the table") from None
         return str(exc)
     return None
@@ -232,7 +232,7 @@ def read(conn: psycopg.Connection, pinned: Mapping[int, int | None], tables: Seq
          hot_only: bool = False, lake_batches: Mapping[int, int | None] | None = None) -> HotSnapshot:
     """Every table's dirty set against its pinned lake version (None: no lake table yet), in one
     snapshot. With `hot_only` the lake is not read and each table comes whole from PostgreSQL. With
-    `lake_batches` (each table's `delta.committed_txn_version`, read after the pins) a table whose lake
+    `lake_batches` (each table's `commits.committed_txn_version`, read after the pins) a table whose lake
     is ahead of PostgreSQL comes whole from PostgreSQL too (`lake_ahead`)."""
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")

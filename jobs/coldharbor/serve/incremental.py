@@ -59,7 +59,7 @@ from sqlglot import exp
 from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.export import base_load, hot_reader
-from coldharbor.lake import delta, lake_store, lake_values
+from coldharbor.lake import commits, delta, lake_store, lake_values
 from coldharbor.lake.lake_rows import column
 from coldharbor.lake.unified import cold_live
 from coldharbor.runtime import pg
@@ -538,7 +538,7 @@ def _refresh(spark: SparkSession, conn: psycopg.Connection, parsed: sql_guard.Pa
     lake_path = table.lake_path(lake_root)
     # As a report pins its versions: the lake first, then PostgreSQL's snapshot.
     pinned = delta.pin_version(spark, lake_path)
-    committed = delta.committed_txn_version(spark, lake_path, delta.export_app_id(table.table_id))
+    committed = commits.committed_txn_version(spark, lake_path, commits.export_app_id(table.table_id))
     with _stage("reading the changes from PostgreSQL"):
         window = read_window(conn, table, columns, stored[1] if stored else None, pinned, committed, why_none)
         if isinstance(window, Window) and window.cold_valid is None and _invalid_keys(window.changes):

@@ -219,15 +219,14 @@ def _serve(argv: list[str], run: _Run) -> int:
     report_name = args.report or "adhoc"
     dsn = settings.pg_dsn()
     jdbc = pg.JdbcTarget.from_dsn(dsn)
-    record = RunRecord(args.run_id or default_run_id(report_name), report_name, args.target,
-                       args.sink or "postgres", args.mode, None)
+    run.record = record = RunRecord(args.run_id or default_run_id(report_name), report_name, args.target,
+                                    args.sink or "postgres", args.mode, None)
     try:
         run.conn = conn = pg.connect(dsn)
     except PostgresUnavailableError:
         if args.mode == "strict":
             raise
         conn = None
-    run.record = record
     config = build_config(args, record.run_id)
     record.target, record.sink, record.as_of = config.target, config.sink, config.as_of
     # Refused here, the run is recorded as failed in one statement and no JVM starts.

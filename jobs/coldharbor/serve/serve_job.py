@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import RegisteredTable
-from coldharbor.lake import delta, registry_cache
+from coldharbor.lake import commits, delta, registry_cache
 from coldharbor.lake.lake_rows import DELETED, column
 from coldharbor.lake.unified import cold_live, table_contract, unified_rows
 from coldharbor.runtime import settings
@@ -82,7 +82,7 @@ def pin_versions(spark: SparkSession, tables: Sequence[RegisteredTable], lake_ro
 def lake_batch_ids(spark: SparkSession, tables: Sequence[RegisteredTable], lake_root: str) -> dict[int, int | None]:
     """After the pins, before the PostgreSQL snapshot: the last batch id the lake committed per
     table, which the snapshot must have used (`hot_snapshot.lake_ahead`)."""
-    return {t.table_id: delta.committed_txn_version(spark, t.lake_path(lake_root), delta.export_app_id(t.table_id))
+    return {t.table_id: commits.committed_txn_version(spark, t.lake_path(lake_root), commits.export_app_id(t.table_id))
             for t in tables}
 
 

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from coldharbor.capture import registry
 from coldharbor.export import export_job as export_job
-from coldharbor.lake import delta
+from coldharbor.lake import delta, writes
 from coldharbor.maintenance import cleanup as cleanup_job
 from coldharbor.maintenance import compaction, purge, resync, verify
 from delta.tables import DeltaTable
@@ -101,7 +101,7 @@ def test_a_table_created_again_with_another_key_registered_again_and_resynced_is
     assert export_job.main(["--table", f"public.{name}", "--lake-root", lake_root]) == 0, errors(caplog)
     assert sorted(lake_live(spark, lake_root, f"public.{name}", keys)) == sorted(uuids_as_text(pg_rows(
         pg_conn, f"SELECT * FROM {t}", keys)))  # the old table's keys are gone, whatever their type
-    stats = spark.sql(f"DESCRIBE DETAIL {delta.path_literal(path)}").first()["properties"][delta.STATS_COLUMNS_PROPERTY]
+    stats = spark.sql(f"DESCRIBE DETAIL {delta.path_literal(path)}").first()["properties"][writes.STATS_COLUMNS_PROPERTY]
     assert stats.startswith(",".join(f"`{k}`" for k in keys) + ",`_ch_seq`"), stats  # the new key's statistics
     # a base that replaced the old table's rows starts as-of history; one beside them answers before it
     run = f"a{uuid.uuid4().hex[:10]}"

@@ -251,9 +251,11 @@ def test_a_role_with_more_power_than_it_needs_is_refused_by_the_migration(other_
     with pg.connect(admin_dsn) as admin:
         admin.execute("ALTER ROLE coldharbor_app CREATEDB")
         try:
-            with pg.connect(other_database) as conn, \
-                    pytest.raises(psycopg.errors.InsufficientPrivilege, match="role coldharbor_app exists with"):
+            with pg.connect(other_database) as conn, pytest.raises(
+                    migrate.MigrationFailedError,
+                    match=r"migration \d{3}_\w+\.sql failed and was rolled back: role coldharbor_app exists with") as refused:
                 migrate.apply(conn, migrate.discover())
+            assert isinstance(refused.value.__cause__, psycopg.errors.InsufficientPrivilege)
         finally:
             admin.execute("ALTER ROLE coldharbor_app NOCREATEDB")
         with pg.connect(other_database) as conn:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 from coldharbor.capture import registry
-from coldharbor.lake import delta
+from coldharbor.lake import commits, delta
 from coldharbor.runtime.errors import ConfigError
 from pyspark.sql import functions as F
 
@@ -107,7 +107,7 @@ def test_a_new_schema_version_widens_the_lake_table(spark, pg_dsn, pg_conn, enti
     assert rows[(str(old[1]),)]["age"] == 7.0
     assert rows == pg_rows(pg_conn, VIEW_AS_LAKE.format(entity).replace(", vip FROM", ", vip, email FROM"),
                            ["row_id"])
-    history = delta.find_commit_entry(spark, path, {"operation": "coldharbor-widen"})
+    history = commits.find_commit_entry(spark, path, {"operation": "coldharbor-widen"})
     assert history is not None
     # Versions before the rewrite are still readable (a report pinned there casts them).
     assert spark.read.format("delta").option("versionAsOf", 0).load(path).schema["age"].dataType.simpleString() \

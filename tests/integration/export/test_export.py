@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
-from coldharbor.lake import delta
+from coldharbor.lake import commits, delta, writes
 from coldharbor.runtime import pg
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
@@ -181,7 +181,6 @@ def test_many_writers_during_exports_converge(spark, pg_dsn, admin_dsn, pg_conn,
 
 
 def test_a_replayed_batch_is_a_delta_no_op(spark, pg_dsn, pg_conn, table_name, lake_root):
-    from coldharbor.lake import delta
 
     make_table(pg_conn, table_name)
     pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")
@@ -189,7 +188,7 @@ def test_a_replayed_batch_is_a_delta_no_op(spark, pg_dsn, pg_conn, table_name, l
     path = f"{lake_root}/public/{table_name}"
     rows = lake_table(spark, lake_root, table_name)
     [table_id] = pg_conn.execute("SELECT table_id FROM coldharbor.tables WHERE table_name = %s", (table_name,)).fetchone()
-    delta.append_batch(rows, path, app_id=delta.export_app_id(table_id), batch_id=first.batch_id, partition_by=(),
+    writes.append_batch(rows, path, app_id=commits.export_app_id(table_id), batch_id=first.batch_id, partition_by=(),
                       metadata={"replay": True})
     assert DeltaTable.forPath(spark, path).history().count() == 1
     assert lake_table(spark, lake_root, table_name).count() == 1
@@ -301,11 +300,11 @@ def test_a_batch_commit_is_found_behind_newer_commits(spark, lake_root):
     """The lookup reads the newest commits first, then further back."""
     path = f"{lake_root}/history"
     for batch_id in range(1, 10):
-        delta.append_batch(spark.range(1).selectExpr(f"{batch_id} AS id"), path, app_id="app", batch_id=batch_id,
+        writes.append_batch(spark.range(1).selectExpr(f"{batch_id} AS id"), path, app_id="app", batch_id=batch_id,
                           partition_by=[], metadata={"app_id": "app", "batch_id": batch_id})
-    assert [delta.find_batch_commit(spark, path, "app", b) for b in (9, 5, 2, 1)] == [8, 4, 1, 0]
-    assert delta.find_batch_commit(spark, path, "app", 10) is None
-    assert delta.find_batch_commit(spark, path, "other", 1) is None
+    assert [commits.find_batch_commit(spark, path, "app", b) for b in (9, 5, 2, 1)] == [8, 4, 1, 0]
+    assert commits.find_batch_commit(spark, path, "app", 10) is None
+    assert commits.find_batch_commit(spark, path, "other", 1) is None
 
 
 def test_marking_a_batch_never_plans_a_nested_loop_on_statistics_without_dirty_rows(pg_conn, table_name):

@@ -151,7 +151,7 @@ def test_a_bad_setting_is_refused_by_a_cycle_with_nothing_dirty_too(pg_dsn, pg_c
 def test_sigkill_is_a_real_kill_not_an_exception():
     """The crash hook ends the process by SIGKILL: no finally block, no cleanup runs."""
     code = ("import os, sys; sys.path.insert(0, 'jobs'); os.environ['COLDHARBOR_CRASH_AT'] = 'x'\n"
-            "from coldharbor import faults\n"
+            "from coldharbor.runtime import faults\n"
             "try:\n    faults.from_environment('x')\nfinally:\n    print('cleanup ran')")
     result = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, timeout=60)
     assert result.returncode == -signal.SIGKILL

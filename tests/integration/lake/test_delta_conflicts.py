@@ -10,11 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from delta.exceptions import ConcurrentAppendException
-
 from coldharbor.lake import delta
 from coldharbor.maintenance.compaction import _is_conflict
 from coldharbor.runtime.faults import pause_inside_tasks
+from delta.exceptions import ConcurrentAppendException
 
 
 def conflict_of(spark, path: str, folder: Path) -> BaseException:

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from coldharbor.capture import registry
-from coldharbor.lake import delta, lake_store
+from coldharbor.lake import commits, delta, lake_store, writes
 from coldharbor.maintenance.compaction import CompactionConfig, compact_table
 from coldharbor.runtime import pg
 from coldharbor.runtime.errors import ConfigError
@@ -47,7 +47,7 @@ def write_batches(spark, path: str, batches: dict[int, list[Row]]) -> None:
     for batch_id, rows in batches.items():
         df = spark.createDataFrame(rows, "id long, v string, _ch_seq long, _ch_deleted boolean, "
                                          "_ch_changed_at timestamp, _ch_batch_id long, _ch_exported_at timestamp")
-        delta.append_batch(df, path, app_id="test", batch_id=batch_id, partition_by=(), metadata={"batch": batch_id})
+        writes.append_batch(df, path, app_id="test", batch_id=batch_id, partition_by=(), metadata={"batch": batch_id})
 
 
 def all_rows(spark, path: str) -> list[tuple]:
@@ -135,7 +135,7 @@ def test_delete_export_compact_vacuum_replay_never_resurrects(spark, pg_dsn, pg_
         spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
     # The crashed-and-retried export of batch 1 arrives again: Delta's txnVersion makes it a no-op.
     replay = spark.createDataFrame(batch_one, lake_table(spark, lake_root, table_name).schema)
-    delta.append_batch(replay, path, app_id=delta.export_app_id(table.table_id), batch_id=first.batch_id,
+    writes.append_batch(replay, path, app_id=commits.export_app_id(table.table_id), batch_id=first.batch_id,
                       partition_by=(), metadata={"replay": True})
     assert lake_live(spark, lake_root, table_name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {table_name}", ["id"])
     assert [r.id for r in lake_table(spark, lake_root, table_name).collect()] == [2]
@@ -314,13 +314,13 @@ def test_current_reads_rank_only_the_keys_exported_since_the_compaction(spark, p
         export(spark, pg_dsn, table_name, lake_root)
     assert {r[SETTLED] for r in lake_table(spark, lake_root, table_name).filter("_ch_batch_id > 1").collect()} \
         == {None}
-    delta.set_table_property(spark, path, delta.STATS_COLUMNS_PROPERTY, "`id`")  # a table made before the column
+    writes.set_table_property(spark, path, writes.STATS_COLUMNS_PROPERTY, "`id`")  # a table made before the column
     result = compact(spark, pg_dsn, table, lake_root, history_window=timedelta(hours=1))
     assert result.status == "compacted"
     compacted = lake_table(spark, lake_root, table_name).collect()
     assert sorted(r.id for r in compacted if r[SETTLED] == NEWEST) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
     assert {r[SETTLED] for r in compacted} == {NEWEST, OLDER}  # the versions before kept for as-of reads
-    assert "`_ch_settled`" in lake_store.table_property(path, delta.STATS_COLUMNS_PROPERTY).split(",")
+    assert "`_ch_settled`" in lake_store.table_property(path, writes.STATS_COLUMNS_PROPERTY).split(",")
     for statement in (f"UPDATE {table_name} SET v = 'third' WHERE id IN (1, 6)",
                       f"DELETE FROM {table_name} WHERE id IN (2, 9)",
                       f"INSERT INTO {table_name} VALUES (4, 'back')",
@@ -348,12 +348,12 @@ def test_a_lake_table_written_before_the_settled_column_gains_it_and_its_statist
     path = table.lake_path(lake_root)
     write_batches(spark, path, {1: [lake_row(1, "a", 1, 1), lake_row(2, "b", 2, 1)],
                                 2: [lake_row(1, "a2", 3, 2)]})
-    delta.set_table_property(spark, path, delta.STATS_COLUMNS_PROPERTY, "`id`,`_ch_seq`")  # as the export made it
+    writes.set_table_property(spark, path, writes.STATS_COLUMNS_PROPERTY, "`id`,`_ch_seq`")  # as the export made it
     assert SETTLED not in lake_table(spark, lake_root, table_name).columns
     assert compact(spark, pg_dsn, table, lake_root).status == "compacted"
     assert {(r.id, r.v, r[SETTLED]) for r in lake_table(spark, lake_root, table_name).collect()} == \
         {(1, "a2", NEWEST), (2, "b", NEWEST)}
-    assert delta.stats_property_columns(lake_store.table_property(path, delta.STATS_COLUMNS_PROPERTY)) == \
+    assert writes.stats_property_columns(lake_store.table_property(path, writes.STATS_COLUMNS_PROPERTY)) == \
         ["id", "_ch_seq", SETTLED]
 
 

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from coldharbor.lake import delta, lake_store
+from coldharbor.lake import delta, lake_store, writes
 from coldharbor.runtime.spark import get_session
 
 from tests.connect_server import run_job
@@ -109,7 +109,7 @@ def test_every_job_runs_over_connect_and_equals_postgresql(connect_server, conne
 def cleanup_drops_unreferenced_files_and_leftovers(url: str, dsn: str, lake_root: str, path: str) -> None:
     """VACUUM at a zero retention leaves exactly the files the current version references; a write
     probe a killed export left long ago goes too."""
-    probe = Path(path) / delta.WRITE_PROBE
+    probe = Path(path) / writes.WRITE_PROBE
     probe.write_text("")
     os.utime(probe, (time.time() - 86400, time.time() - 86400))
     table = f"public.{Path(path).name}"

@@ -76,11 +76,16 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
         self._conn_id = resolve_spark_conn_id(self.spark_conn_id)
         spark_conn = spark_connection(self._conn_id)
         self.on_connect = runs_on_connect(spark_conn)
-        if self.on_connect:
-            code = self.run_as_connect_client(spark_conn)
-            if code != 0:
-                raise self.job_failed(code)
-            return None
+        return self.run_on_connect(spark_conn) if self.on_connect else self.run_submitted(context)
+
+    def run_on_connect(self, spark_conn: Connection) -> None:
+        """The job as a Spark Connect client in this worker; a non-zero exit fails the task, saying why."""
+        code = self.run_as_connect_client(spark_conn)
+        if code != 0:
+            raise self.job_failed(code)
+
+    def run_submitted(self, context: Any) -> Any:
+        """The job through spark-submit (the provider's operator), prepared and put back around it."""
         with self.prepared_submit():
             try:
                 return super().execute(context)
@@ -232,7 +237,11 @@ def export_job_args(tables: list[str], spark_conn_id: str | None = None) -> list
 
 
 def spark_master(conn: Connection) -> str:
-    """The master URL the provider's hook derives from the connection (same rules)."""
+    """The master URL the provider's hook derives from the connection (same rules).
+
+    :param conn: the Spark connection (`spark` type: host a URL such as local[2] or spark://h:7077,
+        or a host with a port; other types: <conn_type>://host[:port])
+    """
     if conn.conn_type == "spark" and conn.host and ("://" in conn.host or not conn.port):
         master = conn.host
     else:
@@ -241,7 +250,10 @@ def spark_master(conn: Connection) -> str:
 
 
 def connection_conf(conn: Connection) -> dict[str, str]:
-    """Spark conf from the connection's extra `conf` object (s3a endpoint, executor sizes, ...)."""
+    """Spark conf from the connection's extra `conf` object (s3a endpoint, executor sizes, ...).
+
+    :param conn: the Spark connection; its extra's `conf` must be a JSON object (AirflowException if not)
+    """
     conf = conn.extra_dejson.get("conf") or {}
     if not isinstance(conf, dict):
         raise AirflowException(f"the extra 'conf' of connection {conn.conn_id!r} must be a JSON object of "
@@ -250,7 +262,10 @@ def connection_conf(conn: Connection) -> dict[str, str]:
 
 
 def resolve_lake_root(explicit: str | None) -> str:
-    """The operator's lake_root, else the Variable coldharbor_lake_root, else COLDHARBOR_LAKE_ROOT."""
+    """The operator's lake_root, else the Variable coldharbor_lake_root, else COLDHARBOR_LAKE_ROOT.
+
+    :param explicit: the operator's `lake_root` argument, if the DAG gave one
+    """
     root = explicit or Variable.get(LAKE_ROOT_VARIABLE, default=None) or os.environ.get("COLDHARBOR_LAKE_ROOT")
     if not root:
         raise AirflowException(f"no lake root: set the Airflow Variable {LAKE_ROOT_VARIABLE!r} (or "
@@ -261,7 +276,11 @@ def resolve_lake_root(explicit: str | None) -> str:
 
 def check_master_reachable(master: str, timeout_s: float = 5.0) -> None:
     """A standalone master (spark://host:port[,host:port]) must accept a TCP connection; otherwise
-    spark-submit spends a minute in registration retries before it says so."""
+    spark-submit spends a minute in registration retries before it says so. Other masters pass.
+
+    :param master: the master URL (`spark_master`)
+    :param timeout_s: how long each address may take to accept
+    """
     if not master.startswith("spark://"):
         return
     errors = []
@@ -277,7 +296,10 @@ def check_master_reachable(master: str, timeout_s: float = 5.0) -> None:
 
 def package_zip(folder: Path) -> str:
     """jobs/coldharbor zipped for --py-files (executors of a real cluster import it from there),
-    without the embedded service (coldharbor/embedded: set-up of one machine, never run by a job)."""
+    without the embedded service (coldharbor/embedded: set-up of one machine, never run by a job).
+
+    :param folder: the run's private folder, removed with the zip when the run ends
+    """
     target = folder / "coldharbor.zip"
     package = JOBS_DIR / "coldharbor"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:

@@ -30,7 +30,7 @@ import psycopg
 from coldharbor.capture import registry
 from coldharbor.export.export_job import ExportConfig, export_table
 from coldharbor.runtime import pg
-from coldharbor.serve import incremental, serve_cli
+from coldharbor.serve import incremental_changes, serve_cli
 from psycopg import sql
 
 from bench.common import Row, median, render, temporary_postgres
@@ -73,7 +73,7 @@ def signed_rows_time(conn: psycopg.Connection, round_: int) -> float:
     """PostgreSQL's own time to compute the signed rows the refresh reads after export `round_`
     (lake version round_ + 1; the state stands at round_), without sending them anywhere."""
     [table] = registry.load(conn, "public.bench_inc")
-    query = incremental.changes_query(table, registry.lake_columns(conn, table), round_, round_ + 1)
+    query = incremental_changes.changes_query(table, registry.lake_columns(conn, table), round_, round_ + 1)
     start = time.perf_counter()
     conn.execute(sql.SQL("SELECT count(*) FROM ({}) signed").format(query)).fetchone()
     return time.perf_counter() - start

@@ -30,7 +30,8 @@ import numpy as np
 import pyarrow as pa
 from coldharbor.capture import registry
 from coldharbor.lake import delta
-from coldharbor.maintenance.compaction import CompactionConfig, compact_table
+from coldharbor.maintenance.compaction import compact_table
+from coldharbor.maintenance.compaction_plan import CompactionConfig
 from coldharbor.runtime import pg
 from coldharbor.serve import serve_cli
 

@@ -43,7 +43,8 @@ from coldharbor.capture import registry
 from coldharbor.lake import commits, delta
 from coldharbor.lake.lake_rows import NEWEST, SETTLED, latest_per_key
 from coldharbor.lake.unified import cold_live
-from coldharbor.maintenance.compaction import CompactionConfig, compact_table
+from coldharbor.maintenance.compaction import compact_table
+from coldharbor.maintenance.compaction_plan import CompactionConfig
 from coldharbor.runtime import pg
 from coldharbor.serve import hot_snapshot, serve_job, sql_guard
 from pyspark.sql import SparkSession

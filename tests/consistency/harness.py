@@ -34,7 +34,7 @@ from pathlib import Path
 import psycopg
 from coldharbor.capture import registry
 from coldharbor.lake import lake_store
-from coldharbor.maintenance import cleanup, compaction, purge
+from coldharbor.maintenance import cleanup, compaction, compaction_plan, purge
 from coldharbor.runtime import pg
 from psycopg import sql
 
@@ -305,8 +305,8 @@ class Run:
     def compact(self) -> None:
         """A compaction in one of its modes: the full rewrite, the merge of export files, or the
         DAG's choice between them (the share of exported rows decides; a full rewrite is due daily)."""
-        mode = self.compaction_rng.choice(compaction.MODES)
-        config = compaction.CompactionConfig(table=self.table, lake_root=self.lake_root, run_id=f"cs-{self.seed}",
+        mode = self.compaction_rng.choice(compaction_plan.MODES)
+        config = compaction_plan.CompactionConfig(table=self.table, lake_root=self.lake_root, run_id=f"cs-{self.seed}",
                                              target_file_bytes=1024 * 1024, min_small_files=2, mode=mode,
                                              full_rewrite_fraction=0.5)
         with pg.connect(self.dsn) as conn:

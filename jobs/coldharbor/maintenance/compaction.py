@@ -36,11 +36,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -49,140 +48,35 @@ from pyspark.sql import functions as F
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import RegisteredTable
-from coldharbor.lake import commits, delta, writes
+from coldharbor.lake import delta, writes
 from coldharbor.lake.delta import LakeFile, LakeSnapshot
 from coldharbor.lake.lake_rows import BATCH_ID, DELETED, KEEP, SETTLED, column, mark_kept, mark_settled, quoted
 from coldharbor.maintenance import maintenance_runs
+from coldharbor.maintenance.compaction_commits import (
+    ConcurrentRewriteError,
+    check_no_rewrites_since,
+    record_commit,
+    record_history_kept,
+)
+from coldharbor.maintenance.compaction_plan import (
+    MERGE_OPERATION,
+    MODES,
+    OPERATION,
+    CompactionConfig,
+    PartitionResult,
+    TableResult,
+    needs_rewrite,
+    output_file_count,
+    partition_predicate,
+    partitions_of,
+    plan_partition,
+    small_export_files,
+)
 from coldharbor.runtime import faults, pg, settings
-from coldharbor.runtime.errors import ConfigError, LakeUnavailableError, jvm_message, raise_if_tables_failed
+from coldharbor.runtime.errors import ConfigError, jvm_message, raise_if_tables_failed
 from coldharbor.runtime.job_main import EXIT_GAVE_UP, reason, run_job
 
 log = logging.getLogger(__name__)
-
-OPERATION = "coldharbor-compaction"
-MERGE_OPERATION = "coldharbor-merge-small-files"
-MODES = ("full", "merge", "auto")
-
-
-@dataclass(frozen=True)
-class CompactionConfig:
-    table: str | None
-    lake_root: str
-    run_id: str
-    target_file_bytes: int = 128 * 1024 * 1024
-    min_small_files: int = 5
-    small_file_ratio: float = 0.75
-    history_window: timedelta = timedelta(hours=settings.DEFAULT_HISTORY_WINDOW_HOURS)
-    max_attempts: int = 4
-    retry_backoff_s: float = 1.0
-    mode: str = "full"                  # full | merge | auto (module docstring)
-    full_rewrite_fraction: float = 0.1  # auto: a full rewrite once exported rows pass this share
-    full_every: timedelta = timedelta(hours=24)  # auto: and at least this often per table
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"compaction mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if not 0 < self.full_rewrite_fraction <= 1:
-            raise ConfigError(f"full rewrite fraction must be in (0, 1], got {self.full_rewrite_fraction}")
-        if self.full_every <= timedelta(0):
-            raise ConfigError(f"full rewrites must be due after a positive time, got {self.full_every}")
-        if self.target_file_bytes < 1024 * 1024:
-            raise ConfigError(f"target file size must be at least 1 MB, got {self.target_file_bytes} bytes")
-        if self.min_small_files < 2:
-            raise ConfigError(f"min small files must be at least 2 (rewriting one file into one file gains "
-                              f"nothing), got {self.min_small_files}")
-        if not 0 < self.small_file_ratio <= 1:
-            raise ConfigError(f"small file ratio must be in (0, 1], got {self.small_file_ratio}")
-        if self.max_attempts < 1:
-            raise ConfigError(f"max attempts must be at least 1, got {self.max_attempts}")
-
-    @property
-    def small_file_bytes(self) -> int:
-        return int(self.target_file_bytes * self.small_file_ratio)
-
-
-@dataclass
-class PartitionResult:
-    partition: dict[str, str | None]
-    status: str                 # compacted | merged | below_threshold | gave_up
-    files_before: int = 0
-    bytes_before: int = 0
-    files_after: int = 0
-    bytes_after: int = 0
-    rows_before: int = 0
-    rows_after: int = 0
-    versions_dropped: int = 0
-    markers_dropped: int = 0
-    read_version: int | None = None
-    lake_version: int | None = None
-    attempts: int = 0
-
-
-@dataclass
-class TableResult:
-    table: str
-    status: str                 # compacted | merged | nothing_to_do | no_lake_table | skipped | gave_up | failed
-    partitions: list[PartitionResult] = field(default_factory=list)
-    error: str | None = None    # why a table of a run over every table was left out
-
-
-def partitions_of(snap: LakeSnapshot) -> dict[tuple, list[LakeFile]]:
-    grouped: dict[tuple, list[LakeFile]] = {}
-    for f in snap.files:
-        grouped.setdefault(f.partition, []).append(f)
-    return grouped
-
-
-def needs_rewrite(files: Sequence[LakeFile], config: CompactionConfig) -> bool:
-    return sum(1 for f in files if f.size < config.small_file_bytes) >= config.min_small_files
-
-
-def small_export_files(files: Sequence[LakeFile], config: CompactionConfig) -> list[LakeFile]:
-    """The small files whose rows are all unsettled (exports' own, or an earlier merge of them)."""
-    return [f for f in files if f.only_unsettled and f.size < config.small_file_bytes]
-
-
-def plan_partition(files: Sequence[LakeFile], config: CompactionConfig, full_due: bool) -> str | None:
-    """What a partition gets: "full" (the last-write-wins rewrite), "merge" (its small export files
-    merged, no row changed) or None (nothing worth doing).
-
-    A merge needs every file's statistics of `_ch_settled` (else a file's unsettled rows are not
-    known). `auto` rewrites fully when that is due for the table, when the statistics are missing,
-    when the partition holds no settled row yet, or when its unsettled rows pass
-    `full_rewrite_fraction` of its rows (each of them is ranked by every current read)."""
-    full = "full" if needs_rewrite(files, config) else None
-    known = bool(files) and all(f.records is not None and f.unsettled_rows is not None for f in files)
-    merge = "merge" if known and len(small_export_files(files, config)) >= config.min_small_files else None
-    if config.mode == "full":
-        return full
-    if config.mode == "merge":
-        return merge
-    if not known or full_due:
-        return full
-    rows = sum(f.records for f in files)
-    unsettled = sum(f.unsettled_rows for f in files)
-    if unsettled == rows or unsettled > config.full_rewrite_fraction * rows:
-        return full or merge
-    return merge
-
-
-def output_file_count(total_bytes: int, config: CompactionConfig) -> int:
-    return max(1, math.ceil(total_bytes / config.target_file_bytes))
-
-
-def sql_literal(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def partition_predicate(partition: tuple[tuple[str, str | None], ...], table_columns: dict[str, str]) -> str:
-    """The SQL predicate selecting one partition (values come from the Delta log as strings)."""
-    terms = []
-    for name, value in partition:
-        if value is None:
-            terms.append(f"{quoted(name)} IS NULL")
-        else:
-            terms.append(f"{quoted(name)} = CAST({sql_literal(value)} AS {table_columns[name]})")
-    return " AND ".join(terms) if terms else "true"
 
 
 def compact_table(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable,
@@ -294,7 +188,7 @@ def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: Reg
     if table.partition_by:
         writer = writer.partitionBy(*table.partition_by)
     with pg.lake_commit_lock(conn, table.table_id, path):
-        _check_no_rewrites_since(spark, path, snap.version, config.run_id, dict(partition))
+        check_no_rewrites_since(spark, path, snap.version, config.run_id, dict(partition))
         # The current read skips files by the column's statistics. Delta checks the property against
         # the schema: a table still without the column gains it with the rewrite, and the property
         # after it (that rewrite's files have none; the next ones do).
@@ -305,7 +199,7 @@ def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: Reg
             writes.collect_statistics_of(spark, path, SETTLED)
     hook("compact_after_commit")
     figures = observation.get
-    _record_commit(spark, path, metadata, result, "compacted")
+    record_commit(spark, path, metadata, result, "compacted")
     result.rows_before = figures["rows_before"]
     result.rows_after = figures["rows_after"]
     result.markers_dropped = figures["markers_before"] - figures["markers_after"]
@@ -316,16 +210,6 @@ def _rewrite_partition(spark: SparkSession, conn: psycopg.Connection, table: Reg
              result.bytes_after, result.rows_before, result.rows_after, result.versions_dropped,
              result.markers_dropped)
     return result
-
-
-def record_history_kept(conn: psycopg.Connection, table: RegisteredTable, cutoff: datetime) -> None:
-    """Records, before the rewrite commits, that versions older than `cutoff` may be gone from the
-    lake (sql/025): as-of reads before it are refused from then on, whatever the window is raised
-    to. A rewrite that then fails leaves the record a little early: refusals, never wrong answers."""
-    with conn.transaction():
-        conn.execute("INSERT INTO coldharbor.history_kept (table_id, kept_from) VALUES (%s, %s) "
-                     "ON CONFLICT (table_id) DO UPDATE SET kept_from = greatest(history_kept.kept_from, "
-                     "EXCLUDED.kept_from), recorded_at = now()", (table.table_id, cutoff))
 
 
 def _merge_partition(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
@@ -356,71 +240,15 @@ def _merge_partition(spark: SparkSession, conn: psycopg.Connection, table: Regis
     if table.partition_by:
         writer = writer.partitionBy(*table.partition_by)
     with pg.lake_commit_lock(conn, table.table_id, path):
-        _check_no_rewrites_since(spark, path, snap.version, config.run_id, dict(partition))
+        check_no_rewrites_since(spark, path, snap.version, config.run_id, dict(partition))
         writer.save(path)
     hook("compact_after_commit")
-    _record_commit(spark, path, metadata, result, "merged")
+    record_commit(spark, path, metadata, result, "merged")
     result.rows_before = result.rows_after = observation.get["rows"]
     log.info("%s %s: merged the small export files of version %s into %s: files %s -> %s, bytes %s -> %s, "
              "%s rows unchanged", table.qualified_name, dict(partition), snap.version, result.lake_version,
              result.files_before, result.files_after, result.bytes_before, result.bytes_after, result.rows_after)
     return result
-
-
-def _record_commit(spark: SparkSession, path: str, metadata: dict, result: PartitionResult, status: str) -> None:
-    """The partition's commit (found by its metadata) into `result`: its version, files and bytes."""
-    keys = ("operation", "run_id", "read_version", "partition")
-    entry = commits.find_commit_entry(spark, path, {k: metadata[k] for k in keys})
-    if entry is None:
-        raise LakeUnavailableError(f"the {metadata['operation']} commit of {metadata['table']} is not in the "
-                                   "Delta history")
-    metrics = entry["metrics"]
-    result.status = status
-    result.lake_version = entry["version"]
-    result.files_after = int(metrics.get("numFiles", 0))
-    result.bytes_after = int(metrics.get("numOutputBytes", 0))
-
-
-class ConcurrentRewriteError(Exception):
-    """A commit other than a blind append landed after the version the rewrite read."""
-
-
-# Commits that leave every row the rewrite read in place: appends (exports) and table upkeep.
-_HARMLESS_OPERATIONS = {"VACUUM START", "VACUUM END", "SET TBLPROPERTIES"}
-
-
-def _check_no_rewrites_since(spark: SparkSession, path: str, version: int, run_id: str | None = None,
-                             partition: dict | None = None) -> None:
-    """Refuses to commit over a commit that removed or rewrote rows after `version`.
-
-    replaceWhere removes the matching files of the table as it is when the write starts, not as
-    the rewrite read it: a DELETE or MERGE that committed in between would be undone. Delta's
-    own conflict checks cover commits after the write starts; this covers the ones before. The
-    same run's commits of other partitions (`run_id`, `partition`) touched none of this one's rows:
-    without this, every partition after a run's first lost its first attempt to the run itself.
-    """
-    latest = delta.pin_version(spark, path)
-    if latest == version:
-        return
-    history = delta.history_of(spark, path, latest - version).collect()
-    for entry in history:
-        if entry["version"] > version and not entry["isBlindAppend"] \
-                and entry["operation"] not in _HARMLESS_OPERATIONS \
-                and not _own_other_partition(entry["userMetadata"], run_id, partition):
-            raise ConcurrentRewriteError(f"version {entry['version']} "
-                                         f"({entry['operation']}) changed rows after version {version} was read")
-
-
-def _own_other_partition(user_metadata: str | None, run_id: str | None, partition: dict | None) -> bool:
-    """Whether a commit's metadata names a rewrite or merge of this run in another partition."""
-    if run_id is None or not user_metadata:
-        return False
-    try:
-        metadata = json.loads(user_metadata)
-    except ValueError:
-        return False
-    return (isinstance(metadata, dict) and metadata.get("operation") in (OPERATION, MERGE_OPERATION)
-            and metadata.get("run_id") == run_id and metadata.get("partition") != partition)
 
 
 def _max_batch(rows: DataFrame, files: Sequence[LakeFile]) -> int:

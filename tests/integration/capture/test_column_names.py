@@ -11,7 +11,8 @@ from datetime import timedelta
 from coldharbor.capture import registry
 from coldharbor.maintenance import resync, verify
 from coldharbor.maintenance.cleanup import CleanupConfig, cleanup_table
-from coldharbor.maintenance.compaction import CompactionConfig, compact_table
+from coldharbor.maintenance.compaction import compact_table
+from coldharbor.maintenance.compaction_plan import CompactionConfig
 from coldharbor.maintenance.purge import PurgeConfig, purge
 from coldharbor.runtime import pg
 from delta.tables import DeltaTable

@@ -385,7 +385,8 @@ def test_an_instant_before_what_compaction_kept_is_refused_after_the_window_is_r
     from datetime import timedelta
 
     from coldharbor.capture import registry
-    from coldharbor.maintenance.compaction import CompactionConfig, compact_table
+    from coldharbor.maintenance.compaction import compact_table
+    from coldharbor.maintenance.compaction_plan import CompactionConfig
 
     make_table(pg_conn, table_name, "exact")
     export(spark, pg_dsn, table_name, lake_root)
@@ -419,7 +420,8 @@ def test_the_instant_a_compaction_refusal_names_leads_to_an_answer_not_back(spar
     from datetime import datetime, timedelta
 
     from coldharbor.capture import registry
-    from coldharbor.maintenance.compaction import CompactionConfig, compact_table
+    from coldharbor.maintenance.compaction import compact_table
+    from coldharbor.maintenance.compaction_plan import CompactionConfig
 
     pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, v text)")
     pg_conn.execute(f"INSERT INTO {table_name} VALUES (1, 'a')")

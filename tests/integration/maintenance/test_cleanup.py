@@ -14,7 +14,8 @@ from coldharbor.lake import delta
 from coldharbor.maintenance.cleanup import CleanupConfig
 from coldharbor.maintenance.cleanup import main as cleanup_main
 from coldharbor.maintenance.cleanup import run as cleanup_run
-from coldharbor.maintenance.compaction import CompactionConfig, compact_table
+from coldharbor.maintenance.compaction import compact_table
+from coldharbor.maintenance.compaction_plan import CompactionConfig
 from coldharbor.runtime import pg
 from coldharbor.runtime.errors import ConfigError
 from coldharbor.serve import report_runs

@@ -8,7 +8,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from coldharbor.capture import registry
 from coldharbor.lake import commits, delta, lake_store, writes
-from coldharbor.maintenance.compaction import CompactionConfig, compact_table
+from coldharbor.maintenance.compaction import compact_table
+from coldharbor.maintenance.compaction_plan import CompactionConfig
 from coldharbor.runtime import pg
 from coldharbor.runtime.errors import ConfigError
 from delta.tables import DeltaTable

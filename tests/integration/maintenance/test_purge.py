@@ -9,7 +9,8 @@ import pytest
 from coldharbor.capture import registry
 from coldharbor.lake import delta
 from coldharbor.maintenance import purge_predicate
-from coldharbor.maintenance.compaction import CompactionConfig, compact_table
+from coldharbor.maintenance.compaction import compact_table
+from coldharbor.maintenance.compaction_plan import CompactionConfig
 from coldharbor.maintenance.purge import PurgeConfig, purge, verify
 from coldharbor.maintenance.purge import main as purge_main
 from coldharbor.runtime import pg

@@ -1,4 +1,4 @@
-"""Which partitions compaction rewrites fully, merges, or leaves (`compaction.plan_partition`)."""
+"""Which partitions compaction rewrites fully, merges, or leaves (`compaction_plan.plan_partition`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 from coldharbor.lake.delta import LakeFile
-from coldharbor.maintenance.compaction import CompactionConfig, plan_partition, small_export_files
+from coldharbor.maintenance.compaction_plan import CompactionConfig, plan_partition, small_export_files
 from coldharbor.runtime.errors import ConfigError
 
 MB = 1024 * 1024

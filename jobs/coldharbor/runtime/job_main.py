@@ -11,8 +11,6 @@ import psycopg
 
 from coldharbor.runtime.errors import ColdharborError, PostgresUnavailableError, PrivilegeError, jvm_message, one_line
 
-log = logging.getLogger(__name__)
-
 # Every exit code a job ends with: the one table, which the Airflow operator reads to say what a
 # failed run's code means (a job's own meaning of a code comes before the shared one).
 EXIT_UNFORESEEN = 1  # an error no check foresaw: a bug to report, its traceback kept in a file
@@ -55,7 +53,6 @@ def configure_logging() -> None:
         PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
     # ...and the Connect client warns on stderr before it raises for a server it gave up on.
     warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
-
 
 
 def run_job(name: str, body: Callable[[], int], unexpected_exit: int = EXIT_UNFORESEEN, *,

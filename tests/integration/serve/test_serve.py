@@ -295,6 +295,14 @@ def test_strict_mode_with_postgres_unreachable_writes_nothing(spark, pg_dsn, lak
     assert not (tmp_path / "lake" / "reports" / "adhoc_dead").exists()
 
 
+def test_a_strict_run_without_postgres_names_its_run_in_its_one_line(lake_root, monkeypatch, caplog):
+    """Found by the review of the one run_job: the line lost its run id when PostgreSQL was unreachable."""
+    dead = f"postgresql://postgres:x@127.0.0.1:{free_port()}/postgres"
+    assert run_adhoc(monkeypatch, dead, lake_root, "SELECT 1 AS x FROM t", "adhoc_dead", "--run-id", "dead-pg") == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR" and "serve_report" in r.name]
+    assert len(errors) == 1 and errors[0].startswith("serve_report failed (run dead-pg): PostgreSQL at "), errors
+
+
 def test_best_effort_without_postgres_serves_the_lake_and_says_so(
         spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
     make_orders(pg_conn, table_name, rows=30)

@@ -6,7 +6,7 @@
 Side by side in one run:
 - capture: single-row and bulk writes (bench.write_path's workload) on a table without capture,
   one registered with the default history ('latest') and one with p_history => 'exact' (its
-  image, and since sql/024 the hash of the row before each update and delete); rounds
+  image, and since sql/migrations/024 the hash of the row before each update and delete); rounds
   interleaved, medians. The issue's goal: images add at most 15 points to the trigger's cost.
 - export: `--keys` keys changed `--changes-per-key` times each, exported in one batch from a
   'latest' table (one lake row per key) and an 'exact' one (one row per change), in-process on

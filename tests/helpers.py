@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tarfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,12 +14,22 @@ from decimal import Decimal
 from pathlib import Path
 
 import psycopg
-from coldharbor.capture import registry, roles
+from coldharbor.capture import migrate, registry, roles
 from coldharbor.export.export_job import ExportConfig, TableResult, export_table
 from coldharbor.lake.lake_rows import live_rows
 from coldharbor.runtime import faults, pg
 
 PROJECT = Path(__file__).resolve().parents[1]
+SINGLE_DIRECTORY_LAYOUT = PROJECT / "tests" / "corpus" / "sql_single_directory_layout.tar.gz"
+
+
+def single_directory_layout(below: str = "999") -> migrate.Layout:
+    """The migrations numbered below `below` as the single-directory layout of sql/ held them
+    (functions included; frozen in tests/corpus): what migrated every database made before
+    sql/migrations and sql/definitions, and what such a database is upgraded from."""
+    with tarfile.open(SINGLE_DIRECTORY_LAYOUT) as tar:
+        files = sorted((m.name, tar.extractfile(m).read().decode()) for m in tar.getmembers() if m.name < below)
+    return migrate.Layout(tuple(migrate.Migration(name, sql) for name, sql in files))
 
 
 def export(spark, dsn: str, name: str, lake_root: str, hook: faults.Hook = lambda point: None) -> TableResult:

@@ -57,7 +57,7 @@ CRASH_POINTS = {
     "during_mark": "cdc_export.py",
     "compact_during_write": "compact.py",
     "during_vacuum": "cleanup.py",
-    "rebase_after_snapshot": "cdc_export.py",  # the base after DDL that rewrote the table (sql/014)
+    "rebase_after_snapshot": "cdc_export.py",  # the base after DDL that rewrote the table (sql/migrations/014)
 }
 TASK_POINTS = ("during_write", "compact_during_write", "load_during_write")
 # Reachable only while the table's initial load is pending: the sequence opens with them.
@@ -120,7 +120,7 @@ class Run:
     export_instants: list = field(default_factory=list)
 
     prefilled: bool | None = None  # None: the seed decides
-    exact: bool | None = None      # p_history => 'exact' (sql/021); None: the seed decides
+    exact: bool | None = None      # p_history => 'exact' (sql/migrations/021); None: the seed decides
     connect_url: str | None = None  # the jobs run as clients of this Spark Connect server
     # A report refreshed incrementally (`-- refresh: incremental`) is compared with the same SQL
     # recomputed in full after every step; its table keeps exact history and no hot retention
@@ -434,7 +434,7 @@ class Run:
 
     def in_rebase_window(self, at) -> bool:
         """Whether `at` lies in a rebase window: from the oldest change not exported when the DDL ran
-        (or the request) until the base that answered it (sql/016)."""
+        (or the request) until the base that answered it (sql/migrations/016)."""
         return self.conn.execute("""
             SELECT EXISTS (SELECT 1 FROM coldharbor.rebases r JOIN coldharbor.tables t USING (table_id)
                             WHERE t.schema_name || '.' || t.table_name = %s

@@ -207,7 +207,7 @@ def test_the_page_shows_each_tables_initial_load_and_last_verify(airflow_home, s
 
 
 def test_a_table_being_rebuilt_shows_why_with_its_column_names_escaped(airflow_home, pg_conn, table_name):
-    """A rebase (sql/014) names the column it is about; a column name is the table owner's text."""
+    """A rebase (sql/migrations/014) names the column it is about; a column name is the table owner's text."""
     from coldharbor_airflow import health_page
 
     pg_conn.execute(f'CREATE TABLE {table_name} (id bigint PRIMARY KEY, "<b>x</b>" text)')

@@ -1,5 +1,7 @@
 """The PostgreSQL side of capture as the jobs see it: the registry of captured tables, their columns
-and key, and the privileges a job checks before it works (`registry`, invariant 14), the sql/
-migrations runner (`migrate`), the roles' logins (`roles`) and the connections of a job over one
-table (`table_job`, which looks the table up before Spark starts). The triggers that log every
-change in its transaction, the canonical key (invariant 15) and the roles' grants live in sql/."""
+and key, and the privileges a job checks before it works (`registry`, invariant 14), the runner of
+sql/migrations and sql/definitions (`migrate`, which recognises a database migrated before that
+split by the checksums in `legacy_layout`), the roles' logins (`roles`) and the connections of a job
+over one table (`table_job`, which looks the table up before Spark starts). The triggers that log
+every change in its transaction, the canonical key (invariant 15) and the roles' grants live in
+sql/definitions."""

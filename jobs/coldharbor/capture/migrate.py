@@ -1,4 +1,13 @@
-"""Applies the ordered migrations in sql/ once each, recording what was applied.
+"""Brings the coldharbor schema up to date from sql/, in two kinds of file (sql/README.md):
+
+- migrations (sql/migrations/NNN_*.sql: schemas, tables, indexes, roles, data changes), each applied
+  once, in its own transaction, recorded with its checksum and never edited afterwards;
+- definitions (sql/definitions/NNN_*.sql: every function, trigger and grant, each in one file, as
+  CREATE OR REPLACE), applied after the migrations, all of them, in their order, in one transaction,
+  whenever one of them differs from what was applied last (their checksums are recorded too).
+
+A database migrated by the single-directory layout (every file directly in sql/, functions included)
+is recognised by its recorded checksums and upgraded in place.
 
 Usage: python -m coldharbor.capture.migrate   (reads COLDHARBOR_ADMIN_PG_DSN: a superuser, or an admin who may
 create roles; with COLDHARBOR_PIPELINE_PASSWORD set it also sets the jobs' login password)
@@ -12,12 +21,14 @@ import hashlib
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 
-from coldharbor.capture import roles
+from coldharbor.capture import legacy_layout, roles
 from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import ColdharborError
 from coldharbor.runtime.job_main import run_job
@@ -33,11 +44,18 @@ class MigrationChangedError(ColdharborError):
 
 
 class MigrationFailedError(ColdharborError):
-    """PostgreSQL refused a migration (it rolled back whole; the ones before it stay applied)."""
+    """PostgreSQL refused a migration (it rolled back whole; the ones before it stay applied), or the
+    definitions (all of them rolled back)."""
+
+
+class LayoutUpgradeError(ColdharborError):
+    """A database the single-directory layout migrated only part of the way."""
 
 
 @dataclass(frozen=True)
 class Migration:
+    """One SQL file: a migration or a definition."""
+
     name: str
     sql: str
 
@@ -46,52 +64,119 @@ class Migration:
         return hashlib.sha256(self.sql.encode()).hexdigest()
 
 
-def discover(sql_dir: Path = SQL_DIR) -> list[Migration]:
-    """The migration files (NNN_name.sql directly in sql/), in order."""
-    return [Migration(p.name, p.read_text()) for p in sorted(sql_dir.glob("[0-9][0-9][0-9]_*.sql"))]
+@dataclass(frozen=True)
+class Layout:
+    migrations: tuple[Migration, ...]
+    definitions: tuple[Migration, ...] = ()
 
 
-def apply(conn: psycopg.Connection, migrations: list[Migration]) -> list[str]:
-    """Applies the migrations not yet recorded, each in its own transaction; returns their names."""
+@dataclass
+class Applied:
+    migrations: list[str] = field(default_factory=list)
+    definitions: list[str] = field(default_factory=list)   # the files that differed (all were applied again)
+    adopted: bool = False                                    # upgraded from the single-directory layout
+
+
+def _files(folder: Path) -> tuple[Migration, ...]:
+    return tuple(Migration(p.name, p.read_text()) for p in sorted(folder.glob("[0-9][0-9][0-9]_*.sql")))
+
+
+def discover(sql_dir: Path = SQL_DIR) -> Layout:
+    """The migrations and the definitions under sql_dir, each in order."""
+    return Layout(_files(sql_dir / "migrations"), _files(sql_dir / "definitions"))
+
+
+def apply(conn: psycopg.Connection, layout: Layout) -> Applied:
+    """Applies the migrations not yet recorded, then the definitions if they differ from the recorded ones."""
     conn.execute("SELECT pg_advisory_lock(%s, %s)", MIGRATE_LOCK)
     try:
         conn.execute("CREATE SCHEMA IF NOT EXISTS coldharbor")
-        conn.execute("""CREATE TABLE IF NOT EXISTS coldharbor.schema_migrations (
-                            name text PRIMARY KEY, checksum text NOT NULL,
-                            applied_at timestamptz NOT NULL DEFAULT now())""")
+        for kind in ("migrations", "definitions"):
+            conn.execute(f"""CREATE TABLE IF NOT EXISTS coldharbor.schema_{kind} (
+                                 name text PRIMARY KEY, checksum text NOT NULL,
+                                 applied_at timestamptz NOT NULL DEFAULT now())""")
+        done = Applied(adopted=adopt_single_directory_layout(conn, layout.migrations))
         applied = dict(conn.execute("SELECT name, checksum FROM coldharbor.schema_migrations").fetchall())
-        done = []
-        for migration in migrations:
+        for migration in layout.migrations:
             if migration.name in applied:
                 if applied[migration.name] != migration.checksum:
                     raise MigrationChangedError(
                         f"migration {migration.name} changed after it was applied; add a new file instead")
                 continue
-            try:
-                with conn.transaction():
-                    _apply_one(conn, migration)
-            except psycopg.Error as exc:
-                if conn.broken:
-                    raise  # PostgreSQL lost: said so as such
-                raise MigrationFailedError(f"migration {migration.name} failed and was rolled back: "
-                                           f"{exc.diag.message_primary or exc}") from exc
+            with _refused_as(conn, f"migration {migration.name} failed and was rolled back"), conn.transaction():
+                conn.execute(migration.sql)
+                conn.execute("INSERT INTO coldharbor.schema_migrations (name, checksum) VALUES (%s, %s)",
+                             (migration.name, migration.checksum))
+                apply_privileges(conn)
             log.info("applied migration %s", migration.name)
-            done.append(migration.name)
+            done.migrations.append(migration.name)
+        done.definitions = apply_definitions(conn, layout.definitions)
         return done
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s, %s)", MIGRATE_LOCK)
 
 
-def _apply_one(conn: psycopg.Connection, migration: Migration) -> None:
-    conn.execute(migration.sql)
-    conn.execute("INSERT INTO coldharbor.schema_migrations (name, checksum) VALUES (%s, %s)",
-                 (migration.name, migration.checksum))
-    apply_privileges(conn)
+def apply_definitions(conn: psycopg.Connection, definitions: tuple[Migration, ...]) -> list[str]:
+    """Every definition, in order, in one transaction, when any differs from the ones recorded (or
+    one was added or removed); the names that differed, or [] when nothing was done."""
+    recorded = dict(conn.execute("SELECT name, checksum FROM coldharbor.schema_definitions").fetchall())
+    current = {d.name: d.checksum for d in definitions}
+    if recorded == current:
+        return []
+    with conn.transaction():
+        for definition in definitions:
+            with _refused_as(conn, f"definitions {definition.name} failed, and every definition was rolled back"):
+                conn.execute(definition.sql)
+        conn.execute("DELETE FROM coldharbor.schema_definitions")
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO coldharbor.schema_definitions (name, checksum) VALUES (%s, %s)",
+                            list(current.items()))
+        apply_privileges(conn)
+    changed = sorted(set(current) - {n for n, c in recorded.items() if current.get(n) == c})
+    log.info("applied the definitions (%s differed)", ", ".join(changed) or "removed ones")
+    return changed
+
+
+def adopt_single_directory_layout(conn: psycopg.Connection, migrations: tuple[Migration, ...]) -> bool:
+    """Records a database the single-directory layout migrated all the way as migrated by these files
+    (they hold its tables, and the definitions its functions, as that layout left them): its rows of
+    schema_migrations are replaced by these files' in one transaction; the definitions are applied
+    next, as on a new database. Whether the database was one."""
+    old = legacy_layout.SINGLE_DIRECTORY_LAYOUT
+    files = {m.name: m.checksum for m in migrations}
+    recorded = dict(conn.execute("SELECT name, checksum FROM coldharbor.schema_migrations").fetchall())
+    legacy = {n for n, c in recorded.items() if old.get(n) == c}
+    if all(files.get(n) == recorded[n] for n in legacy):
+        return False        # no file of that layout that these files changed is recorded: not such a database
+    if legacy != set(old):
+        raise LayoutUpgradeError(
+            f"this database was migrated by the single-directory layout of sql/ up to {max(legacy)} only; "
+            f"migrate it with the files of commit {legacy_layout.LAST_COMMIT} first, then with these")
+    with conn.transaction():
+        conn.execute("DELETE FROM coldharbor.schema_migrations WHERE name = ANY(%s)", (sorted(legacy),))
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO coldharbor.schema_migrations (name, checksum) VALUES (%s, %s)",
+                            [(n, c) for n, c in files.items() if n in legacy])
+        conn.execute("DELETE FROM coldharbor.schema_definitions")
+    log.info("adopted a database migrated by the single-directory layout of sql/ (%d files)", len(legacy))
+    return True
+
+
+@contextmanager
+def _refused_as(conn: psycopg.Connection, prefix: str) -> Iterator[None]:
+    """Turns PostgreSQL's refusal of the statements inside into MigrationFailedError(prefix: message);
+    a lost server stays what it is."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if conn.broken:
+            raise
+        raise MigrationFailedError(f"{prefix}: {exc.diag.message_primary or exc}") from exc
 
 
 def apply_privileges(conn: psycopg.Connection) -> None:
-    """Ownership and privileges of everything in the schema (sql/009_roles.sql), once it defines
-    them: whatever a migration created is then owned by coldharbor_owner, with no PUBLIC EXECUTE."""
+    """Ownership and privileges of everything in the schema (sql/definitions/080_privileges.sql), once
+    it is defined: whatever a migration created is then owned by coldharbor_owner, with no PUBLIC EXECUTE."""
     if conn.execute("SELECT to_regprocedure('coldharbor.apply_privileges()') IS NOT NULL").fetchone()[0]:
         conn.execute("SELECT coldharbor.apply_privileges()")
 
@@ -104,7 +189,12 @@ def main(argv: list[str] | None = None) -> int:
             if password:
                 roles.set_password(conn, roles.PIPELINE, password)
                 log.info("set the password of %s from %s", roles.PIPELINE, settings.PIPELINE_PASSWORD_ENV)
-        print(f"migrations applied: {len(done)}" + (f" ({', '.join(done)})" if done else " (up to date)"))
+        if done.adopted:
+            print("adopted a database migrated by the single-directory layout of sql/")
+        print(f"migrations applied: {len(done.migrations)}"
+              + (f" ({', '.join(done.migrations)})" if done.migrations else " (up to date)"))
+        print("definitions " + (f"applied ({', '.join(done.definitions)} changed)" if done.definitions
+                                else "up to date"))
         return 0
 
     return run_job("migrate", body)

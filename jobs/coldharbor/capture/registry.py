@@ -48,8 +48,8 @@ class RegisteredTable:
     source_kind: str = "table"               # table | entity (an entity schema read through its view)
     present: bool = True                     # False: registered, but the relation is gone from PostgreSQL
     replaced: bool = False                   # the name now resolves to another relation than the one registered
-    history: str = "latest"                  # latest (a key's newest image per export) | exact (every change's, sql/021)
-    mode: str = "mirror"                     # mirror (PostgreSQL holds every row) | lake_first (its landing zone, sql/027)
+    history: str = "latest"                  # latest (a key's newest image per export) | exact (every change's, sql/migrations/021)
+    mode: str = "mirror"                     # mirror (PostgreSQL holds every row) | lake_first (its landing zone, sql/migrations/027)
 
     @property
     def qualified_name(self) -> str:

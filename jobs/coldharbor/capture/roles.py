@@ -1,4 +1,4 @@
-"""The PostgreSQL roles of sql/009_roles.sql, as set-up uses them: login passwords and DSNs.
+"""The PostgreSQL roles of sql/migrations/009_roles.sql, as set-up uses them: login passwords and DSNs.
 
     coldharbor_owner     owns the schema; capture, registration, eviction and purge run as it
     coldharbor_pipeline  the jobs' login (COLDHARBOR_PG_DSN)

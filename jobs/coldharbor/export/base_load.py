@@ -59,7 +59,7 @@ class LoadState:
                                     # (the initial load, or `starts_lake`): the lake knows nothing earlier
     base_version: int | None
     base_at: datetime | None
-    rebase_reason: str | None = None  # why the newest rebase was requested (sql/014)
+    rebase_reason: str | None = None  # why the newest rebase was requested (sql/migrations/014)
     registered_at: datetime | None = None  # when the registration began: a table registered empty is
                                            # known to the lake from then on (and nothing earlier)
 
@@ -95,7 +95,7 @@ def load_state(conn: psycopg.Connection, table_id: int) -> LoadState:
 
 @dataclass(frozen=True)
 class RebaseWindow:
-    """A time when the lake does not hold PostgreSQL's values (sql/015, sql/016): from the oldest
+    """A time when the lake does not hold PostgreSQL's values (sql/migrations/015, sql/migrations/016): from the oldest
     change not yet exported when DDL changed rows without writing them (its image is read after
     the DDL, with the values the DDL left, under the change's earlier time), or from the request
     itself, until the snapshot of the base that answered it. Before a rename the lake holds the
@@ -108,7 +108,7 @@ class RebaseWindow:
     settled_version: int | None
     dirty_since: datetime | None = None  # the oldest change not exported at the request, if before it
     renames_column: bool = False
-    replaces_lake: bool = False       # the key changed (sql/020): the base replaced the lake's rows
+    replaces_lake: bool = False       # the key changed (sql/migrations/020): the base replaced the lake's rows
 
     @property
     def hides_earlier(self) -> bool:
@@ -148,7 +148,7 @@ class RebaseWindow:
 
 
 def history_kept_from(conn: psycopg.Connection, table_id: int) -> datetime | None:
-    """The newest cutoff a compaction of the table recorded (sql/025): the lake may lack the versions
+    """The newest cutoff a compaction of the table recorded (sql/migrations/025): the lake may lack the versions
     older than it, so no as-of read before it is exact."""
     row = conn.execute("SELECT kept_from FROM coldharbor.history_kept WHERE table_id = %s", (table_id,)).fetchone()
     return None if row is None else row[0]
@@ -295,7 +295,7 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
                hook: faults.Hook = faults.from_environment, rebase: bool = False) -> BaseResult:
     """Reads the table in one snapshot and commits it as a base; the caller holds the export lock.
     The crash points are named after the kind (`load_after_intent`, ...), or `rebase_...` for a base
-    that answers a rebase (sql/014: the export's, of kind resync)."""
+    that answers a rebase (sql/migrations/014: the export's, of kind resync)."""
     points = "rebase" if rebase else kind
     if kind not in KINDS:
         raise ValueError(f"a base is one of {KINDS}, not {kind!r}")
@@ -338,11 +338,11 @@ def write_base(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarge
 def base_schema_change(spark: SparkSession, table: RegisteredTable, columns: Sequence[LakeColumn], path: str,
                        new_relation: bool, replacing: bool = False) -> tuple[writes.SchemaChange, bool]:
     """How the base's columns differ from the lake table's, and whether the base replaces the lake's
-    rows. Another relation registered under the name (sql/017) owns none of them, evicted ones
-    included (sql/018): when the lake table cannot take its rows beside them (a key column it lacks,
+    rows. Another relation registered under the name (sql/migrations/017) owns none of them, evicted ones
+    included (sql/migrations/018): when the lake table cannot take its rows beside them (a key column it lacks,
     a type it cannot widen to), its base replaces them, and as-of history starts again there (as for
     a lake moved aside). So does a base that answers a change of the table's key (`replacing`,
-    sql/020). Otherwise the base outranks them key by key, so instants before it are still
+    sql/migrations/020). Otherwise the base outranks them key by key, so instants before it are still
     answered. Any other table with a type the lake cannot widen to is refused (ConfigError)."""
     if replacing:
         return writes.SchemaChange((), ()), True
@@ -402,7 +402,7 @@ def _read_and_append(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.Jdb
 
 
 def has_evicted_rows(conn: psycopg.Connection, table_id: int) -> bool:
-    """Whether rows of the table were ever evicted (sql/018): they live in the lake alone even after
+    """Whether rows of the table were ever evicted (sql/migrations/018): they live in the lake alone even after
     its hot retention was removed (registered again without one), so a base must keep them."""
     return conn.execute("SELECT evicted_at IS NOT NULL FROM coldharbor.tables WHERE table_id = %s",
                         (table_id,)).fetchone()[0]
@@ -416,7 +416,7 @@ def keeps_lake_only_rows(conn: psycopg.Connection, table: RegisteredTable) -> bo
 
 
 def answers_new_relation(conn: psycopg.Connection, table_id: int) -> bool:
-    """Whether the base answers the registration of another relation under the table's name (sql/017):
+    """Whether the base answers the registration of another relation under the table's name (sql/migrations/017):
     the lake's rows are then the old table's, none of them evicted by the new one, so even a tiered
     table's base marks deleted every lake key the new table lacks, or replaces them all when they
     cannot stand beside its own (`base_schema_change`)."""
@@ -425,7 +425,7 @@ def answers_new_relation(conn: psycopg.Connection, table_id: int) -> bool:
 
 
 def replaces_lake(conn: psycopg.Connection, table_id: int) -> bool:
-    """Whether the base answers a registration with another primary key (sql/020): the lake's rows are
+    """Whether the base answers a registration with another primary key (sql/migrations/020): the lake's rows are
     keyed by a key that no longer identifies a row, so the base replaces them."""
     return conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.rebases WHERE table_id = %s "
                         "AND settled_at IS NULL AND replaces_lake)", (table_id,)).fetchone()[0]

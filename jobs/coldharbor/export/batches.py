@@ -96,7 +96,7 @@ def abandon(conn: psycopg.Connection, table_id: int, batch_id: int) -> None:
 
 def pending(conn: psycopg.Connection, table_id: int) -> list[tuple[int, str, str | None]]:
     """(batch id, kind, commit token) of the table's batches whose intent is recorded and whose end
-    is not. The token is None for a batch recorded before commit tokens (sql/012)."""
+    is not. The token is None for a batch recorded before commit tokens (sql/migrations/012)."""
     rows = conn.execute("SELECT batch_id, kind, commit_token::text FROM coldharbor.export_batches "
                         "WHERE table_id = %s AND state = 'pending' ORDER BY batch_id", (table_id,))
     return [(r[0], r[1], r[2]) for r in rows.fetchall()]

@@ -230,7 +230,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         loaded = None
         state = base_load.load_state(conn, table.table_id)
         if state.pending and not base_load.settle_without_spark(conn, table):
-            # The initial load (or a rebase after DDL, sql/014) lands before the next batch of changes
+            # The initial load (or a rebase after DDL, sql/migrations/014) lands before the next batch of changes
             # (invariant 12).
             if state.rebase_pending:
                 log.warning("%s: writing a new base from PostgreSQL: %s", table.qualified_name, state.rebase_reason)
@@ -376,7 +376,7 @@ def committed_or_fenced(spark: SparkSession, conn: psycopg.Connection, table: Re
 
 
 def remove_landed(conn: psycopg.Connection, tables: list[RegisteredTable]) -> dict[str, str]:
-    """After the exports: from each lake-first table (sql/027), every row the lake now holds leaves
+    """After the exports: from each lake-first table (sql/migrations/027), every row the lake now holds leaves
     PostgreSQL (coldharbor.remove_landed; no change is logged). Its own transaction per table, after
     the table's batch was marked flushed; a removal refused (a foreign key now references the table,
     say) is that table's failure, returned as {table: why}, and the rows stay until a run can remove

@@ -191,7 +191,7 @@ def _share(part: int, parts: int) -> sql.Composable:
 
 
 def logged_image_value(column: LakeColumn, image: str) -> sql.Composable:
-    """A column of a change's logged row image (`change_log.image`, row_to_json of the row: sql/021),
+    """A column of a change's logged row image (`change_log.image`, row_to_json of the row: sql/migrations/021),
     read back through the column type's input function; NULL when the image has no such key (the
     column was added since). json and jsonb values are taken as JSON text, the others as their text."""
     operator = "->" if column.pg_type in ("json", "jsonb") else "->>"
@@ -202,7 +202,7 @@ def logged_image_value(column: LakeColumn, image: str) -> sql.Composable:
 def _image_readable(table: RegisteredTable, columns: Sequence[LakeColumn], image: str = "c.image") -> sql.Composable:
     """True for a logged image in the table's shape now: one was logged, after the table's last
     rebase request (before it, the image holds the old shape or old values). None is while the table
-    has a column registration refuses for exact history (sql/021), added since: a json column (an
+    has a column registration refuses for exact history (sql/migrations/021), added since: a json column (an
     image loses the spaces around its value) or a virtual generated one (an image holds NULL there)."""
     if any(c.pg_type == "json" for c in columns):
         return sql.SQL("false")
@@ -237,7 +237,7 @@ def _image_usable(table: RegisteredTable, columns: Sequence[LakeColumn], image: 
 
 
 def _image_hash(columns: Sequence[LakeColumn]) -> sql.Composable:
-    """A logged image's hash as capture hashes the row before a change (sql/024:
+    """A logged image's hash as capture hashes the row before a change (sql/migrations/024:
     hash_record_extended of the row; a record's hash is its columns' hashes, dropped ones skipped),
     each value read back through its type's input function."""
     values = sql.SQL(", ").join(logged_image_value(c, "c.image") for c in columns)
@@ -259,7 +259,7 @@ def _chained(typed_keys: sql.Composable) -> sql.Composable:
 
 def exact_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], changed_at: sql.Composable,
                        relation: sql.Composable | None, share: sql.Composable) -> sql.Composed:
-    """`dirty_images_query` for a table with exact history (sql/021): besides one row per dirty key
+    """`dirty_images_query` for a table with exact history (sql/migrations/021): besides one row per dirty key
     (its image now, as for any table), one row per earlier change of the key in the batch, the row
     as that change left it (its logged image; a delete marker for a delete), with the change's own
     sequence and time. Each row's `_ch_first_changed_at` is the first change since the key's
@@ -268,7 +268,7 @@ def exact_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], ch
 
     A key's images stand only when its logged changes chain (`_chained`): capture logs in the order
     statements finish, and a nested write (an application's trigger, a volatile function) can log
-    an older image after a newer one (sql/024). A key whose chain breaks writes only its newest
+    an older image after a newer one (sql/migrations/024). A key whose chain breaks writes only its newest
     row, read from the table, spanning all of its changes in the batch."""
     keys = [c for c in columns if c.is_key]
     typed_keys = sql.SQL(", ").join(_key_column(i) for i in range(len(keys)))
@@ -360,7 +360,7 @@ def read_dirty_images(spark: SparkSession, conn: psycopg.Connection, jdbc: JdbcT
 EXPORT_REFUSED = ("the table's changes were not exported (nothing was written or marked flushed; the other tables "
                   "still export) and wait until the value is changed: the next export carries them")
 
-# A lake-first table refuses the UPDATE or DELETE that would change the value (sql/027).
+# A lake-first table refuses the UPDATE or DELETE that would change the value (sql/migrations/027).
 LAKE_FIRST_WAY_OUT = ("; it is lake-first, which refuses updates and deletes: register it with "
                       "coldharbor.register_table({table}, p_mode => 'mirror'), change or delete the row, and register "
                       "it again with p_mode => 'lake_first'")

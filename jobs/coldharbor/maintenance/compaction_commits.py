@@ -19,7 +19,7 @@ from coldharbor.runtime.errors import LakeUnavailableError
 
 def record_history_kept(conn: psycopg.Connection, table: RegisteredTable, cutoff: datetime) -> None:
     """Records, before the rewrite commits, that versions older than `cutoff` may be gone from the
-    lake (sql/025): as-of reads before it are refused from then on, whatever the window is raised
+    lake (sql/migrations/025): as-of reads before it are refused from then on, whatever the window is raised
     to. A rewrite that then fails leaves the record a little early: refusals, never wrong answers."""
     with conn.transaction():
         conn.execute("INSERT INTO coldharbor.history_kept (table_id, kept_from) VALUES (%s, %s) "

@@ -2,7 +2,7 @@
 
 An as-of read is the lake's rows whose change committed at or before the instant, last write per
 key (`unified.cold_live`). It is exact only inside the history window, before the oldest change the
-pinned lake version lacks, from the lake's start on, outside every rebase window (sql/015-016:
+pinned lake version lacks, from the lake's start on, outside every rebase window (sql/migrations/015-016:
 from the oldest change not exported when DDL changed rows without writing them, or the DDL, until
 the base that answered it; before a rename, every instant until its base) and outside a span of
 changes one export wrote as one image.
@@ -146,7 +146,7 @@ def lake_as_of(rows: DataFrame, columns: Sequence[LakeColumn], as_of: datetime, 
     return rows.transform(cold_live(columns, as_of))
 
 
-# Why a table with exact history (sql/021) still has a span of changes in one lake row.
+# Why a table with exact history (sql/migrations/021) still has a span of changes in one lake row.
 NO_IMAGE = ("have changes around that instant with no row image the lake could hold (logged before the table "
             "kept exact history or before a rebase, brought in by ATTACH PARTITION, holding a value the lake "
             "cannot hold or a JSON null, or whose logged order could not be proven: a row written again inside "

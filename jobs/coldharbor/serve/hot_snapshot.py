@@ -48,7 +48,7 @@ class HotTable:
     known_from: datetime | None = None  # the initial load's snapshot time: the lake knows nothing before
     pinned_version: int | None = None   # the lake version the report reads
     rebase_windows: tuple[base_load.RebaseWindow, ...] = ()  # times the lake lacks PostgreSQL's values
-    history_from: datetime | None = None  # a compaction's cutoff (sql/025): older versions may be gone
+    history_from: datetime | None = None  # a compaction's cutoff (sql/migrations/025): older versions may be gone
 
     @property
     def answerable_from(self) -> datetime | None:
@@ -169,7 +169,7 @@ def _flushed_before(conn: psycopg.Connection, table: RegisteredTable) -> bool:
 def _evicted_rows_in_lake(conn: psycopg.Connection, table: RegisteredTable, version: int | None) -> bool:
     """Whether lake@version holds rows evicted from PostgreSQL (`coldharbor.tables.evicted_at`), which
     live there alone: then even a pending table is not PostgreSQL alone. Registering another relation
-    under the name (sql/017) clears it: its base marks the old relation's keys deleted, and until it
+    under the name (sql/migrations/017) clears it: its base marks the old relation's keys deleted, and until it
     lands the lake's keys are the old relation's."""
     return version is not None and base_load.has_evicted_rows(conn, table.table_id)
 

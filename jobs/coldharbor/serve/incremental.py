@@ -4,8 +4,8 @@ A report of the shape `coldharbor.serve.incremental_shape` takes is a sum over r
 count, and per aggregate its count of values, their sum, their extreme. So the report after some
 changes is the report before them plus each change's own contribution, the row it removed counted
 negative and the row it left positive. Those rows come from PostgreSQL's change log, not the lake:
-a table with exact history logs the row each insert and update leaves (sql/021) and, once a report
-refreshes incrementally over it, the row each update and delete removes (sql/028). A key's changes
+a table with exact history logs the row each insert and update leaves (sql/migrations/021) and, once a report
+refreshes incrementally over it, the row each update and delete removes (sql/migrations/028). A key's changes
 since the last refresh contribute minus its first change's old row and plus its last change's new
 row; that holds only when they chain (each one's row before is the row the one before it left,
 `hot_reader._chained`, as the export checks), and a trail through the same changes that chains
@@ -109,7 +109,7 @@ def eligible_table(conn: psycopg.Connection, table: RegisteredTable, columns: Se
 
 
 def keep_old_images(conn: psycopg.Connection, table: RegisteredTable) -> bool:
-    """Turns on old images for the table (sql/028); whether they were on before this call."""
+    """Turns on old images for the table (sql/migrations/028); whether they were on before this call."""
     with conn.transaction():
         return conn.execute("SELECT coldharbor.keep_old_images(%s)", (table.table_id,)).fetchone()[0]
 
@@ -145,7 +145,7 @@ def _refresh(spark: SparkSession, conn: psycopg.Connection, parsed: sql_guard.Pa
              columns: Sequence[LakeColumn], report_sql: str, params: ParamValues, table: RegisteredTable,
              lake_root: str, target: str, write) -> Outcome:
     if not keep_old_images(conn, table):
-        log.info("%s: its changes log the rows they remove from now on (sql/028)", table.qualified_name)
+        log.info("%s: its changes log the rows they remove from now on (sql/migrations/028)", table.qualified_name)
     path = state_path(lake_root, target)
     prints = fingerprint(report_sql, params, table, columns)
     with _stage("reading the state"):

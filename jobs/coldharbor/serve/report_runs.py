@@ -1,6 +1,6 @@
 """`coldharbor.report_runs`: one row per report run, written when it starts and when it ends.
 
-A running run holds a lease (sql/010_report_leases.sql): its session's advisory lock on the run's
+A running run holds a lease (sql/migrations/010_report_leases.sql): its session's advisory lock on the run's
 lease id. A 'running' row whose lease nobody holds belongs to a process that was killed or lost
 PostgreSQL; `expire_dead` records it as failed (cleanup and each new run call it).
 """

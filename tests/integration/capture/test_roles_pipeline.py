@@ -16,7 +16,7 @@ from coldharbor.maintenance import cleanup
 from coldharbor.runtime import pg
 from coldharbor.runtime.errors import PrivilegeError
 
-from tests.helpers import PROJECT, dirty_ids, export, serve_report
+from tests.helpers import PROJECT, dirty_ids, export, serve_report, single_directory_layout
 
 
 def make(conn, name: str, hot_retention: str | None = None) -> registry.RegisteredTable:
@@ -220,17 +220,21 @@ def test_the_pipeline_never_runs_code_of_the_table_owner(spark, app_logins, pg_d
 
 
 def test_an_upgrade_secures_what_was_there_and_what_later_migrations_add(other_database, tmp_path):
-    before = [m for m in migrate.discover() if m.name < "008"]
+    """A database made before roles existed (the single-directory layout up to 007), upgraded by that
+    layout and then by today's: what it held is secured, and so is what a later migration and a later
+    definition add."""
     with pg.connect(other_database) as conn:
-        migrate.apply(conn, before)
+        migrate.apply(conn, single_directory_layout(below="008"))
         conn.execute("CREATE TABLE public.old (id int PRIMARY KEY, v text)")
         conn.execute("SELECT coldharbor.register_table('public.old')")
         conn.execute("INSERT INTO public.old VALUES (1, 'a'), (2, 'b')")
         conn.execute("CREATE TABLE reports.old_report (x int)")
-        later = tmp_path / "999_later.sql"
-        later.write_text("CREATE FUNCTION coldharbor.later() RETURNS int LANGUAGE sql AS 'SELECT 1';\n"
-                         "CREATE TABLE coldharbor.later_state (id int);\n")
-        migrate.apply(conn, migrate.discover() + [migrate.Migration(later.name, later.read_text())])
+        migrate.apply(conn, single_directory_layout())
+        today = migrate.discover()
+        later_table = migrate.Migration("999_later.sql", "CREATE TABLE coldharbor.later_state (id int);\n")
+        later_function = migrate.Migration(
+            "999_later.sql", "CREATE OR REPLACE FUNCTION coldharbor.later() RETURNS int LANGUAGE sql AS 'SELECT 1';\n")
+        migrate.apply(conn, migrate.Layout(today.migrations + (later_table,), today.definitions + (later_function,)))
         with conn.transaction():
             conn.execute("SET LOCAL coldharbor.evicting = 'on'")
             conn.execute("DELETE FROM public.old WHERE id = 1")
@@ -263,16 +267,18 @@ def test_a_role_with_more_power_than_it_needs_is_refused_by_the_migration(other_
 
 
 def test_an_upgrade_captures_the_partitions_of_tables_registered_before(other_database):
-    """Migration 013 on a database whose registered partitioned, tiered table holds rows: writes naming a
-    partition are captured from then on, and the partitions carry the eviction guard."""
+    """Migration 013 of the single-directory layout on a database whose registered partitioned, tiered table
+    holds rows, then today's layout: writes naming a partition are captured from then on, and the
+    partitions carry the eviction guard."""
     with pg.connect(other_database) as conn:
-        migrate.apply(conn, [m for m in migrate.discover() if m.name < "013"])
+        migrate.apply(conn, single_directory_layout(below="013"))
         conn.execute("CREATE TABLE public.old (k int, id int, v text, PRIMARY KEY (k, id)) PARTITION BY LIST (k)")
         conn.execute("CREATE TABLE public.old_1 PARTITION OF public.old FOR VALUES IN (1)")
         conn.execute("CREATE TABLE public.old_2 PARTITION OF public.old FOR VALUES IN (2) PARTITION BY LIST (id)")
         conn.execute("CREATE TABLE public.old_2_all PARTITION OF public.old_2 DEFAULT")
         conn.execute("INSERT INTO public.old VALUES (1, 1, 'a'), (2, 1, 'b'), (2, 2, 'c')")
         conn.execute("SELECT coldharbor.register_table('public.old', p_hot_retention => '1 day')")
+        migrate.apply(conn, single_directory_layout())    # its own upgrade, then today's layout's
         migrate.apply(conn, migrate.discover())
         conn.execute("INSERT INTO public.old_1 VALUES (1, 2, 'd')")
         conn.execute("UPDATE public.old_2 SET v = 'e' WHERE id = 1")
@@ -287,16 +293,18 @@ def test_an_upgrade_captures_the_partitions_of_tables_registered_before(other_da
 
 
 def test_an_upgrade_hashes_the_rows_before_changes_of_tables_with_exact_history(other_database):
-    """Migration 024 on a database with a table keeping exact history: its updates and deletes log
+    """Migration 024 of the single-directory layout, then today's layout, on a database with a table
+    keeping exact history: its updates and deletes log
     the hash of the row before them from then on (the export chains images with it); a table with
     the default history logs none, as before."""
     with pg.connect(other_database) as conn:
-        migrate.apply(conn, [m for m in migrate.discover() if m.name < "024"])
+        migrate.apply(conn, single_directory_layout(below="024"))
         for name, history in (("public.old", "exact"), ("public.plain", "latest")):
             conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text NOT NULL)")
             conn.execute(f"INSERT INTO {name} VALUES (1, 'a')")
             conn.execute("SELECT coldharbor.register_table(%s, p_history => %s)", (name, history))
             conn.execute(f"UPDATE {name} SET v = 'b'")
+        migrate.apply(conn, single_directory_layout())    # its own upgrade, then today's layout's
         migrate.apply(conn, migrate.discover())
         for name in ("public.old", "public.plain"):
             conn.execute(f"UPDATE {name} SET v = 'c'")

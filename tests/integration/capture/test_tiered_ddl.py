@@ -1,7 +1,7 @@
-"""DDL a tiered table's evicted rows cannot follow (sql/018).
+"""DDL a tiered table's evicted rows cannot follow (sql/migrations/018).
 
 Rows evicted from the hot tier live in the lake alone, under their columns' names and lake types,
-and no base rewrites them. Before sql/018 a `RENAME COLUMN` of such a table made every evicted row
+and no base rewrites them. Before sql/migrations/018 a `RENAME COLUMN` of such a table made every evicted row
 read NULL in the renamed column, a column added under a dropped one's name showed the dropped
 column's values in them, and a type change the lake cannot widen to left the table refused by every
 export. All three are refused now once rows were evicted; before any eviction they go through as
@@ -330,7 +330,7 @@ INT_KEYED = "id integer PRIMARY KEY, customer text, amount numeric(12,2), status
 ], ids=["widening with using", "same type with using", "two subcommands", "a comment"])
 def test_a_rewrite_of_the_key_of_a_tiered_table_with_evicted_rows_is_refused(
         spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch, ddl):
-    """A base keeps the lake's keys PostgreSQL lacks as evicted rows: before sql/019 a USING rewrite
+    """A base keeps the lake's keys PostgreSQL lacks as evicted rows: before sql/migrations/019 a USING rewrite
     of the key went through, and every old key stayed in reports beside its new one (460 rows for
     260, pending and after the base). Only what is known to keep every key is accepted."""
     t = table_name
@@ -411,7 +411,7 @@ def test_a_plain_type_change_is_recognised_by_its_whole_text(pg_conn, sql, plain
 
 def test_a_dropped_registration_owns_no_relation_when_its_oid_is_given_again(
         spark, pg_dsn, pg_conn, table_name, lake_root):
-    """PostgreSQL may give a dropped table's oid to a new relation: before sql/019 DDL on that
+    """PostgreSQL may give a dropped table's oid to a new relation: before sql/migrations/019 DDL on that
     unrelated relation was checked against the dropped registration (refused, as here, when its
     rows had been evicted)."""
     t = table_name
@@ -445,8 +445,8 @@ def test_event_triggers_missing_after_a_migration_without_a_superuser_are_instal
 
 
 def test_a_rename_no_trigger_saw_is_reconciled(spark, pg_dsn, pg_conn, table_name, lake_root):
-    """A rename made before sql/018 through ALTER TYPE ... RENAME ATTRIBUTE left `columns_seen` with
-    the old name and asked for no base: reconcile_columns_seen (run by sql/019) asks for it."""
+    """A rename made before sql/migrations/018 through ALTER TYPE ... RENAME ATTRIBUTE left `columns_seen` with
+    the old name and asked for no base: reconcile_columns_seen (run by sql/migrations/019) asks for it."""
     t = table_name
     pg_conn.execute(f"CREATE TABLE {t} ({DDL})")
     pg_conn.execute(f"INSERT INTO {t} SELECT g, 'c' || g, g, 'new', g FROM generate_series(1, 50) g")

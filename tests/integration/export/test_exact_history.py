@@ -1,4 +1,4 @@
-"""Exact history (issue 26, part 1; sql/021): a table registered with p_history => 'exact' logs the
+"""Exact history (issue 26, part 1; sql/migrations/021): a table registered with p_history => 'exact' logs the
 row image of every change, the export writes one lake row per change, and an as-of report is
 answered exactly for any instant, however often a key changed between two exports; a table with
 the default history refuses those instants as before. Against real PostgreSQL and Spark + Delta."""
@@ -294,7 +294,7 @@ def test_an_empty_as_of_is_refused_not_served_as_now(pg_dsn, pg_conn, table_name
 
 
 # An application's own code that writes a row again inside the statement writing it: capture logs
-# the nested statement's change first, and the outer statement's older image last (sql/024).
+# the nested statement's change first, and the outer statement's older image last (sql/migrations/024).
 NESTED_WRITES = {
     "after row trigger": ("""
         CREATE FUNCTION {t}_stamp() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -381,7 +381,7 @@ def test_an_instant_before_what_compaction_kept_is_refused_after_the_window_is_r
         spark, pg_dsn, pg_conn, table_name, lake_root, monkeypatch):
     """Found by the cold attack (session 28): compaction drops the versions older than its window;
     raising COLDHARBOR_HISTORY_WINDOW_HOURS afterwards made as-of reports inside the gap answer
-    from what was left (here: key 1 missing). Compaction records its cutoff (sql/025)."""
+    from what was left (here: key 1 missing). Compaction records its cutoff (sql/migrations/025)."""
     from datetime import timedelta
 
     from coldharbor.capture import registry
@@ -450,7 +450,7 @@ def test_the_instant_a_compaction_refusal_names_leads_to_an_answer_not_back(spar
 
 def test_a_row_moved_between_partitions_and_written_again_chains(spark, pg_dsn, pg_conn, table_name, lake_root,
                                                                  monkeypatch):
-    """Ordinary writes chain (sql/024): a row moved to another partition through the table, updated
+    """Ordinary writes chain (sql/migrations/024): a row moved to another partition through the table, updated
     again, moved back and deleted, all between two exports, is answered at every instant between."""
     pg_conn.execute(f"CREATE TABLE {table_name} (k text, id int, v text NOT NULL, PRIMARY KEY (k, id)) "
                     "PARTITION BY LIST (k)")

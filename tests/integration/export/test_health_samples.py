@@ -1,4 +1,4 @@
-"""Health samples (sql/023) as the export job writes them, for the health page: one per table it
+"""Health samples (sql/migrations/023) as the export job writes them, for the health page: one per table it
 handled, and a failed one for each table of a run that failed in a way no check foresaw."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lake-first tables (sql/027): PostgreSQL is their landing zone. It accepts inserts and refuses every
+"""Lake-first tables (sql/migrations/027): PostgreSQL is their landing zone. It accepts inserts and refuses every
 other write; once a row is in the lake the export removes it from PostgreSQL, logging no change; and
 reports read the table as any other: the lake's rows plus the ones still landing."""
 

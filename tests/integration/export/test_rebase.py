@@ -1,4 +1,4 @@
-"""DDL that changes a registered table's rows without writing any (sql/014): the table goes back to
+"""DDL that changes a registered table's rows without writing any (sql/migrations/014): the table goes back to
 'pending', reports serve it from PostgreSQL, and the next export writes a new base from one snapshot.
 
 Every table here holds rows and is in the lake before the DDL: the review found an ADD COLUMN ...

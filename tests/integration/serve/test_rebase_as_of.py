@@ -1,5 +1,5 @@
-"""As-of reports around DDL that changed rows without writing them (sql/014-016), attacked where the
-window of sql/015 ([request, base]) was not the whole truth:
+"""As-of reports around DDL that changed rows without writing them (sql/migrations/014-016), attacked where the
+window of sql/migrations/015 ([request, base]) was not the whole truth:
 
 - a key changed before the DDL and not exported when it ran is exported afterwards with the
   values the DDL left, stamped with its change's earlier commit time: as of an instant between

@@ -1,4 +1,4 @@
-"""Rebase windows (sql/015-016) without a server: which instants a window hides, and that the
+"""Rebase windows (sql/migrations/015-016) without a server: which instants a window hides, and that the
 refusal says where the instant falls."""
 
 from __future__ import annotations

@@ -1,0 +1,35 @@
+-- Partitions are captured, and the eviction guard is protected (issue 20, attack findings 1 and 2).
+--
+-- A statement-level trigger on a partitioned table fires only for statements that name that table:
+-- INSERT, UPDATE, DELETE or TRUNCATE naming a partition fired none of the registered table's capture
+-- triggers, nor its eviction guard. Now every relation of a registered table's partition tree (the
+-- table, its partitions, theirs) carries the same triggers, calling the same functions. A statement
+-- fires the statement triggers of the relation it names only, so each change is logged once:
+--   INSERT/UPDATE/DELETE  by the triggers of the relation the statement names (its transition
+--                         tables hold every row it changed, in that relation or below it);
+--   TRUNCATE              fires the truncate triggers of every relation it empties, so each plain
+--                         table (leaf) logs its own rows and a partitioned one logs none (log_rows).
+-- The tree changes with DDL, which event triggers see (created only by a superuser, as in 009):
+--   CREATE TABLE ... PARTITION OF   the new partition gets the triggers (it holds no rows);
+--   ATTACH PARTITION                the attached table (and its partitions) get the triggers, and the
+--                                   rows it brings into the registered table are logged as inserts;
+--   DETACH PARTITION                the rows that leave are logged as deletes, and the detached
+--                                   table's triggers are made inert (capture_off: the schema owner may
+--                                   create triggers on a table, not drop them; its owner may drop them);
+--   DROP TABLE of a partition       refused while its registered table remains: its rows would leave
+--                                   uncaptured (DROP fires no trigger and reads nothing). Detach first.
+-- coldharbor.tables.capture_relations records the relations capture covers, so the event trigger
+-- knows what was attached, detached or dropped. A registered table must be the root of its tree:
+-- registering a partition, or attaching a registered table under another, is refused (writes through
+-- the parent would not fire its triggers).
+--
+-- New partitions must let the schema owner create triggers on them and read them (TRUNCATE, ATTACH,
+-- DETACH capture read their rows). Only the partition's owner can grant that, so a second event
+-- trigger, running as whoever ran the DDL (the owner of the new partition), grants SELECT and TRIGGER
+-- on partitions of tables the schema owner already captures; it fires first (event triggers fire in
+-- name order: coldharbor_grant... before coldharbor_guard...).
+--
+-- The eviction guard (011) is protected as the capture triggers are: it cannot be dropped, disabled,
+-- renamed or replaced while its table is tiered. Removing a table's hot retention makes it inert
+-- (it used to be dropped, which the schema owner may not do: registering again failed).
+ALTER TABLE coldharbor.tables ADD COLUMN capture_relations oid[] NOT NULL DEFAULT '{}';

@@ -1,0 +1,19 @@
+-- Registrations (issue 18, second attack).
+--
+-- 1. A table dropped and created again, then registered again, keeps its table_id; the old
+--    relation's change_log rows and batches stayed under it. Their keys may be of another type
+--    (bigint -> text) and their lake versions of another lake (the old one moved aside), so reports
+--    and verify took them for changes flushed after the pinned version and cast them to the new
+--    key type. Registering another relation now retires them: the old relation's change_log rows
+--    and finished batches are deleted (a pending batch stays: the next export finishes or fences it,
+--    so a dead export's write of the old table can never land later). The new base rebuilds the
+--    lake from the new table whatever the old one held; the rebase window opens at the oldest change
+--    of the old table that never reached the lake, when that is earlier than the drop, so an as-of
+--    instant whose answer needed such a change is refused rather than answered without it.
+--    A tiered table's base marks deleted the lake keys the new table does not hold: the new
+--    relation never evicted anything (`rebases.new_relation`).
+-- 2. A column of a domain type over a supported base type is the base type to the lake (as its
+--    values are): registration and the jobs see the base type (`lake_columns`, `key_sql`).
+-- 3. A table with inheritance children cannot be registered: a read of it includes the children's
+--    rows, whose writes its capture does not see (the jobs refused such a table after registration).
+ALTER TABLE coldharbor.rebases ADD COLUMN new_relation boolean NOT NULL DEFAULT false;

@@ -1,0 +1,32 @@
+-- DDL a tiered table's evicted rows cannot follow (issue 18, the known gap of sql/migrations/016).
+--
+-- Rows evicted from the hot tier live in the lake alone, and a base (written from PostgreSQL) never
+-- rewrites them. The lake knows a column by its name and holds its values in one lake type, so
+-- three kinds of DDL would make those rows read wrong values, silently, or strand them:
+--   - a column renamed (ALTER TABLE ... RENAME COLUMN, and its other spellings ALTER TYPE ...
+--     RENAME ATTRIBUTE, ALTER VIEW / MATERIALIZED VIEW / FOREIGN TABLE ... RENAME COLUMN, which
+--     PostgreSQL accepts on a table): an evicted row holds its value under the old name, and reads
+--     NULL under the new one;
+--   - a column added under a dropped column's name: an evicted row holds the dropped column's value
+--     under that name, and shows it as the new column's;
+--   - a type change the lake cannot widen its column to (numeric(12,2) -> numeric(12,0), int ->
+--     text, ...): the export refuses the table until the lake table is moved aside and resynced,
+--     which would lose the evicted rows.
+-- Once a table has evicted rows, an event trigger refuses all three, in one line naming the column,
+-- and the DDL is rolled back. Any other DDL keeps its meaning for evicted rows: a column added later
+-- reads NULL in them (they were evicted before it existed), a dropped column is no longer read, and
+-- a type change the lake can widen to (int -> bigint, real -> double precision) widens them.
+--
+-- `tables.evicted_at` is when the newest eviction that deleted rows committed (set by a trigger on
+-- coldharbor.evictions, which evict() writes then). Registering another relation under the name
+-- (sql/migrations/017) leaves no evicted row behind: its base marks the old relation's keys deleted, so that
+-- registration clears `evicted_at`. `tables.lake_types` is each column's lake
+-- type (per attnum) at registration or after the last DDL, what a type change is checked against.
+--
+-- sql/migrations/014's rebase trigger fired on the ALTER TABLE tag only, so the other spellings of a rename
+-- reached neither it nor a rebase: every registered table's lake kept the old name and reports read
+-- NULL under the new one. Both triggers now look at every DDL command and pick the registered tables
+-- out of what it touched.
+ALTER TABLE coldharbor.tables ADD COLUMN evicted_at timestamptz;
+
+ALTER TABLE coldharbor.tables ADD COLUMN lake_types jsonb;

@@ -1,0 +1,17 @@
+-- A table registered again with another primary key (issue 22's review, left open until now).
+--
+-- The jobs refuse a table whose primary key no longer matches its registration ("register it
+-- again"), and registering it again took the new key with nothing else: the lake's rows stayed
+-- keyed by the old key, so last-write-wins ranked versions of different rows as one key. With
+-- primary key (a) changed to (a, b), the rows the table gained under the new key never reached the
+-- lake (the changes logged under the old key have no b); with (a, b) changed to (a), an as-of report
+-- before the change was answered with the rows (1, 1) and (1, 2) ranked as one key 1.
+--
+-- Registering the same relation again with another key (other columns: the same ones in another
+-- order are the same key) now asks for a base that replaces the lake's
+-- rows (`rebases.replaces_lake`), as a new relation's does when the keys cannot stand beside each
+-- other (sql/migrations/017): the old key's changes and finished batches are retired, and as-of history
+-- starts again at the base (an instant before it is refused: the lake's rows before it are keyed by
+-- what no longer identifies a row). A table whose rows were evicted is refused instead: those rows
+-- live in the lake alone, under the old key, and a base from PostgreSQL cannot rewrite them.
+ALTER TABLE coldharbor.rebases ADD COLUMN replaces_lake boolean NOT NULL DEFAULT false;

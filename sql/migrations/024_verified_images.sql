@@ -1,0 +1,18 @@
+-- Verified images (issue 26): a change's logged image is the state its transaction left only if
+-- nothing else in the transaction changed the row after it; capture logs in the order statements
+-- *finish*, not the order rows change. An application's AFTER ROW trigger (or a statement trigger
+-- sorting before coldharbor_capture_*) that writes the row again runs a nested statement whose
+-- capture fires first, and so does a volatile function called inside a statement that writes rows
+-- the statement wrote earlier: the outer statement's older image is then logged last. pg_trigger_depth()
+-- cannot tell the second case from an ordinary upsert, so capture proves the order instead.
+--
+-- For a table with exact history, an update or delete logs the hash of the row *before* it
+-- (`old_hash`, hash_record_extended of the old row). The export hashes each logged image the same
+-- way and accepts a key's images only when its logged changes chain, each one's row after equal to
+-- the next one's row before (an insert follows only a delete): a chain in the wrong order breaks
+-- somewhere, and a key whose chain breaks keeps its changes of that export as one span, refused
+-- inside, as for any table (`hot_reader.exact_images_query`). Values equal under their type's
+-- equality but printed differently (-0 and 0 in a float, 1.0 and 1.00 inside a jsonb) hash alike;
+-- a chain in the wrong order can hide behind them only where the nested write changed nothing else.
+-- Tables with the default history log no hash, exactly as before.
+ALTER TABLE coldharbor.change_log ADD COLUMN old_hash bigint;

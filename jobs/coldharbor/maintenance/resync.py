@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from coldharbor.capture import registry
 from coldharbor.capture.table_job import jdbc_target, one_table, registered
-from coldharbor.export import base_load
+from coldharbor.export import base_load, base_state
 from coldharbor.export.export_job import recover_pending
 from coldharbor.maintenance import maintenance_runs
 from coldharbor.runtime import pg, settings
@@ -62,7 +62,7 @@ def resync_table(spark, conn, jdbc: pg.JdbcTarget, table: registry.RegisteredTab
         path = table.lake_path(config.lake_root)
         recover_pending(spark, conn, table, path, abandon_foreign=True)
         # A table whose initial load is still pending gets exactly that: its first base.
-        kind = base_load.load_state(conn, table.table_id).base_kind
+        kind = base_state.load_state(conn, table.table_id).base_kind
         return base_load.write_base(spark, conn, jdbc, table, registry.lake_columns(conn, table), path, kind,
                                     config.run_id)
 

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.capture.table_job import jdbc_target, one_table, registered
-from coldharbor.export import base_load, batches, table_reader
+from coldharbor.export import base_state, batches, table_reader
 from coldharbor.export.table_reader import TableSnapshot
 from coldharbor.lake import commits, delta, lake_values
 from coldharbor.lake.lake_rows import column
@@ -203,7 +203,7 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
     path = table.lake_path(config.lake_root)
     # A folder another registration wrote blocks the next export too: say that, not "wait for it".
     commits.require_own_lake(spark, path, commits.export_app_id(table.table_id), table.quoted_name)
-    state = base_load.load_state(conn, table.table_id)
+    state = base_state.load_state(conn, table.table_id)
     if state.rebase_pending:
         raise ConfigError(f"{table.qualified_name} cannot be verified yet: its lake rows are being rebuilt from "
                           f"PostgreSQL ({state.rebase_reason}); the next export writes the new base")
@@ -282,7 +282,7 @@ class Compared:
     def restricted(self, rows: DataFrame) -> DataFrame:
         """`rows` of the keys to compare: a tiered table's evicted rows are in the lake alone by
         design, so only the keys PostgreSQL holds count there."""
-        if not base_load.keeps_lake_only_rows(self.conn, self.table):
+        if not base_state.keeps_lake_only_rows(self.conn, self.table):
             return rows
         held = table_reader.read_table(self.spark, self.conn, self.jdbc, self.snapshot, self.table, self.chunks.keys)
         return rows.join(held.select(*verify_digests.typed_keys(held, self.chunks.keys)),

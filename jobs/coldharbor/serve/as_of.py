@@ -19,8 +19,8 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.export import base_load, hot_reader
-from coldharbor.export.base_load import RebaseWindow
+from coldharbor.export import base_state, hot_reader
+from coldharbor.export.base_state import RebaseWindow
 from coldharbor.lake.lake_rows import CHANGED_AT, FIRST_CHANGED_AT, column
 from coldharbor.lake.unified import cold_live
 from coldharbor.runtime.errors import ReportError, one_line
@@ -90,7 +90,7 @@ def waiting_for_export(conn: psycopg.Connection, tables: Sequence[RegisteredTabl
         if state is None:
             return None  # unregistered since: the run says so
         if state[0] == "pending":
-            open_windows = [w for w in base_load.rebase_windows(conn, table.table_id) if w.settled_at is None]
+            open_windows = [w for w in base_state.rebase_windows(conn, table.table_id) if w.settled_at is None]
             if state[1] is None or not open_windows or any(w.hides_earlier or as_of >= w.starts_at
                                                               for w in open_windows):
                 return None

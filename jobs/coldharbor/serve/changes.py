@@ -34,7 +34,7 @@ from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.capture.table_job import jdbc_target, one_table, registered
 from coldharbor.export import hot_reader, table_reader
-from coldharbor.export.base_load import RebaseWindow
+from coldharbor.export.base_state import RebaseWindow
 from coldharbor.lake import delta
 from coldharbor.lake.lake_rows import (
     BATCH_ID,

@@ -20,7 +20,7 @@ from psycopg import sql
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.export import base_load, batches, hot_reader
+from coldharbor.export import base_state, batches, hot_reader
 from coldharbor.lake import commits, lake_values
 from coldharbor.lake.lake_rows import DELETED
 from coldharbor.runtime.errors import LakeUnavailableError
@@ -47,7 +47,7 @@ class HotTable:
     lake_ahead: str | None = None      # hot_only because the lake is ahead of PostgreSQL: why (`lake_ahead`)
     known_from: datetime | None = None  # the initial load's snapshot time: the lake knows nothing before
     pinned_version: int | None = None   # the lake version the report reads
-    rebase_windows: tuple[base_load.RebaseWindow, ...] = ()  # times the lake lacks PostgreSQL's values
+    rebase_windows: tuple[base_state.RebaseWindow, ...] = ()  # times the lake lacks PostgreSQL's values
     history_from: datetime | None = None  # a compaction's cutoff (sql/migrations/025): older versions may be gone
 
     @property
@@ -70,11 +70,11 @@ class HotTable:
         return self.lake_ahead is not None or (self.load_pending and self.hot_only)
 
     @property
-    def open_window(self) -> base_load.RebaseWindow | None:
+    def open_window(self) -> base_state.RebaseWindow | None:
         """The rebase no base has answered yet (the table is pending for it), if any."""
         return next((w for w in self.rebase_windows if w.settled_at is None), None)
 
-    def hiding_window(self, instant: datetime) -> base_load.RebaseWindow | None:
+    def hiding_window(self, instant: datetime) -> base_state.RebaseWindow | None:
         """The rebase window for which lake@pinned_version, read as of `instant`, misses values: one
         that holds the instant before one it hides only because its base is not in that version."""
         hiding = [w for w in self.rebase_windows if w.hides(instant, self.pinned_version, self.known_from)]
@@ -171,7 +171,7 @@ def _evicted_rows_in_lake(conn: psycopg.Connection, table: RegisteredTable, vers
     live there alone: then even a pending table is not PostgreSQL alone. Registering another relation
     under the name (sql/migrations/017) clears it: its base marks the old relation's keys deleted, and until it
     lands the lake's keys are the old relation's."""
-    return version is not None and base_load.has_evicted_rows(conn, table.table_id)
+    return version is not None and base_state.has_evicted_rows(conn, table.table_id)
 
 
 def _pending_with_evicted_rows(conn: psycopg.Connection, table: RegisteredTable, columns: tuple[LakeColumn, ...],
@@ -185,8 +185,8 @@ def _pending_with_evicted_rows(conn: psycopg.Connection, table: RegisteredTable,
     return pa.concat_tables([whole, deleted])
 
 
-def _load_not_in(load: base_load.LoadState, version: int | None,
-                 windows: Sequence[base_load.RebaseWindow] = ()) -> bool:
+def _load_not_in(load: base_state.LoadState, version: int | None,
+                 windows: Sequence[base_state.RebaseWindow] = ()) -> bool:
     """Whether lake@version lacks the table's initial load or the base of a rebase (still pending,
     or landed after V: the rows DDL changed are then in neither lake@V nor the dirty set)."""
     if load.pending or any(w.lacks_base(version, load.loaded_at) for w in windows):
@@ -194,8 +194,8 @@ def _load_not_in(load: base_load.LoadState, version: int | None,
     return load.loaded_version is not None and (version is None or version < load.loaded_version)
 
 
-def _missing_base(load: base_load.LoadState, version: int | None,
-                  windows: Sequence[base_load.RebaseWindow]) -> str:
+def _missing_base(load: base_state.LoadState, version: int | None,
+                  windows: Sequence[base_state.RebaseWindow]) -> str:
     """What lake@version lacks, for `_load_not_in`'s log line: the initial load, or the new base of a
     rebase (naming why it was asked for)."""
     window = next((w for w in windows if w.settled_at is None or w.lacks_base(version, load.loaded_at)), None)
@@ -221,7 +221,7 @@ def lake_ahead(conn: psycopg.Connection, table: RegisteredTable, lake_batch_id: 
     try:
         commits.check_batch_id(lake_batch_id, batches.next_batch_id(conn, table.table_id), table.qualified_name)
     except commits.LakeAheadError as exc:
-        if base_load.keeps_lake_only_rows(conn, table):
+        if base_state.keeps_lake_only_rows(conn, table):
             raise commits.LakeAheadError(table.qualified_name, exc.batch_id, f"{exc.detail}; rows evicted from "
                                       "PostgreSQL live in the lake alone, so no report can read the table") from None
         return str(exc)
@@ -250,9 +250,9 @@ def read_in_transaction(conn: psycopg.Connection, pinned: Mapping[int, int | Non
     for table in tables:
         columns = tuple(registry.lake_columns(conn, table))
         version = None if hot_only else pinned[table.table_id]
-        load = base_load.load_state(conn, table.table_id)
-        windows = base_load.rebase_windows(conn, table.table_id)
-        kept = base_load.history_kept_from(conn, table.table_id)
+        load = base_state.load_state(conn, table.table_id)
+        windows = base_state.rebase_windows(conn, table.table_id)
+        kept = base_state.history_kept_from(conn, table.table_id)
         if not hot_only and version is None and _flushed_before(conn, table):
             raise LakeUnavailableError(f"the lake table of {table.qualified_name} is missing, but changes of it "
                                        "were flushed there; the lake location is wrong or was removed")

@@ -51,7 +51,7 @@ from pyspark.sql import functions as F
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.export import base_load
+from coldharbor.export.base_state import keeps_lake_only_rows
 from coldharbor.lake import commits, delta, lake_values
 from coldharbor.lake.lake_rows import column
 from coldharbor.lake.unified import cold_live
@@ -99,7 +99,7 @@ def eligible_table(conn: psycopg.Connection, table: RegisteredTable, columns: Se
     if table.history != "exact":
         raise NotIncremental(f"{table.qualified_name} does not keep exact history, whose logged rows incremental "
                              f"refresh applies: register it with p_history => 'exact'")
-    if table.mode != "mirror" or base_load.keeps_lake_only_rows(conn, table):
+    if table.mode != "mirror" or keeps_lake_only_rows(conn, table):
         raise NotIncremental(f"{table.qualified_name} has rows in the lake alone (lake-first, tiered or evicted), "
                              "which an insert of their key can replace without a logged row to subtract")
     json_columns = [c.name for c in columns if c.pg_type == "json"]

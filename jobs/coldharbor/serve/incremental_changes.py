@@ -14,7 +14,7 @@ from psycopg import sql
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.export import base_load, hot_reader
+from coldharbor.export import base_state, hot_reader
 from coldharbor.lake import lake_values
 from coldharbor.serve.hot_snapshot import arrow_type
 from coldharbor.serve.incremental_state import Frontier
@@ -110,7 +110,7 @@ def read_window(conn: psycopg.Connection, table: RegisteredTable, columns: Seque
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         registry.guard_read(conn, table)
-        load = base_load.load_state(conn, table.table_id)
+        load = base_state.load_state(conn, table.table_id)
         if load.pending:
             return f"{table.qualified_name} is waiting for its initial load or a new base"
         if pinned is None:

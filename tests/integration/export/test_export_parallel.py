@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from coldharbor.capture import registry
-from coldharbor.export import base_load, export_job, hot_reader
+from coldharbor.export import base_state, export_job, hot_reader
 from coldharbor.export.export_job import ExportConfig
 from coldharbor.runtime import pg, settings
 
@@ -311,7 +311,7 @@ def test_a_name_that_is_no_folder_name_fails_alone_and_writes_nothing_outside_it
     assert {r["v"] for r in lake.values()} == {f"{victim}{i}" for i in range(1, 21)}  # its own rows only
     for name in hostile:  # the initial load still waits for an administrator's p_lake_location
         [table] = registry.load(pg_conn, name)
-        assert base_load.load_state(pg_conn, table.table_id).pending, name
+        assert base_state.load_state(pg_conn, table.table_id).pending, name
 
 
 def test_a_pending_table_the_job_may_not_read_fails_alone_in_the_job(spark, own_database, lake_root, monkeypatch,
@@ -335,7 +335,7 @@ def test_a_pending_table_the_job_may_not_read_fails_alone_in_the_job(spark, own_
         lake = lake_live(spark, lake_root, f"public.{prefix}_ok", ["id"])
         assert sorted(k[0] for k in lake) == list(range(1, 41))
         [revoked] = registry.load(conn, f"{prefix}_revoked")
-        assert base_load.load_state(conn, revoked.table_id).pending
+        assert base_state.load_state(conn, revoked.table_id).pending
         assert not (Path(lake_root) / "public" / f"{prefix}_revoked").exists()
 
 
@@ -355,7 +355,7 @@ def test_a_table_registered_again_at_its_old_folder_goes_on_where_it_stopped(spa
     batches_before = pg_conn.execute("SELECT count(*) FROM coldharbor.export_batches WHERE table_id = %s",
                                      (table.table_id,)).fetchone()[0]
     pg_conn.execute("SELECT coldharbor.register_table(%s, p_lake_location => %s)", (name, folder))
-    assert not base_load.load_state(pg_conn, table.table_id).pending
+    assert not base_state.load_state(pg_conn, table.table_id).pending
     assert hot_reader.has_dirty(pg_conn, table.table_id)
     assert pg_conn.execute("SELECT count(*) FROM coldharbor.export_batches WHERE table_id = %s",
                            (table.table_id,)).fetchone()[0] == batches_before

@@ -13,7 +13,7 @@ import uuid
 import psycopg
 import pytest
 from coldharbor.capture import registry
-from coldharbor.export import base_load
+from coldharbor.export import base_state
 from coldharbor.export.export_job import ExportConfig, run
 from coldharbor.runtime import pg
 from coldharbor.runtime.errors import TableBusyError
@@ -36,9 +36,9 @@ def change_log_rows(conn, name: str) -> int:
                         (table.table_id,)).fetchone()[0]
 
 
-def state_of(conn, name: str) -> base_load.LoadState:
+def state_of(conn, name: str) -> base_state.LoadState:
     [table] = registry.load(conn, name)
-    return base_load.load_state(conn, table.table_id)
+    return base_state.load_state(conn, table.table_id)
 
 
 def test_a_table_registered_with_rows_reaches_the_lake_whole(spark, pg_dsn, pg_conn, table_name, lake_root,

@@ -7,7 +7,7 @@ import time
 import psycopg
 import pytest
 from coldharbor.capture import registry
-from coldharbor.export import base_load
+from coldharbor.export import base_state
 
 from tests.helpers import (
     export,
@@ -36,7 +36,7 @@ def batches(conn, name: str) -> list[tuple[int, str, str]]:
 
 def load_pending(conn, name: str) -> bool:
     [table] = registry.load(conn, name)
-    return base_load.load_state(conn, table.table_id).pending
+    return base_state.load_state(conn, table.table_id).pending
 
 
 @pytest.mark.parametrize("point", ["load_after_intent", "load_after_snapshot", "load_during_write",

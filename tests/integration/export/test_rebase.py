@@ -12,7 +12,7 @@ import uuid
 import psycopg
 import pytest
 from coldharbor.capture import registry
-from coldharbor.export import base_load
+from coldharbor.export import base_state
 from coldharbor.runtime import pg
 
 from tests.helpers import export, lake_live, pg_rows, report_run, serve_report
@@ -27,9 +27,9 @@ def filled_table(conn, name: str, rows: int = 300, ddl: str = DDL) -> None:
     conn.execute("SELECT coldharbor.register_table(%s)", (name,))
 
 
-def state_of(conn, name: str) -> base_load.LoadState:
+def state_of(conn, name: str) -> base_state.LoadState:
     [table] = registry.load(conn, name)
-    return base_load.load_state(conn, table.table_id)
+    return base_state.load_state(conn, table.table_id)
 
 
 def report_equals_postgres(monkeypatch, conn, dsn: str, lake_root: str, name: str, run_id: str) -> dict:

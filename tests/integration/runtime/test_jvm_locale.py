@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 from coldharbor.capture import registry
-from coldharbor.export import base_load
+from coldharbor.export import base_state
 from coldharbor.runtime import pg
 
 from tests.connect_server import run_job, running_server
@@ -55,4 +55,4 @@ def test_spark_submit_under_lc_all_c_is_refused_before_anything_is_written(own_d
     assert not (Path(lake_root) / "public").exists() or not any((Path(lake_root) / "public").iterdir())
     with pg.connect(admin_dsn) as conn:
         [table] = registry.load(conn, f'public."{name}"')
-        assert base_load.load_state(conn, table.table_id).pending
+        assert base_state.load_state(conn, table.table_id).pending

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 from coldharbor.capture.registry import RegisteredTable
-from coldharbor.export.base_load import RebaseWindow
+from coldharbor.export.base_state import RebaseWindow
 from coldharbor.serve.as_of import rebase_refusal
 from coldharbor.serve.hot_snapshot import HotTable
 

@@ -13,6 +13,7 @@ import psycopg
 
 from coldharbor.capture.registry import RegisteredTable
 
+
 @dataclass(frozen=True)
 class LoadState:
     """A table's initial-load state and newest base, as `coldharbor.tables` records them."""

@@ -10,35 +10,32 @@ Per table, under the table's export lock:
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import contextlib
 import dataclasses
 import logging
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TypeVar
 
 import psycopg
 from pyspark.sql import SparkSession
 
 from coldharbor.capture import registry
-from coldharbor.capture.registry import RegisteredTable
+from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.export import base_load, base_state, batches, hot_reader
-from coldharbor.lake import commits, delta, writes
+from coldharbor.export import workers as export_workers
+from coldharbor.export.recovery import recover_pending, refuse_if_lake_ahead, refuse_if_lake_gone
+from coldharbor.lake import commits, writes
 from coldharbor.lake.lake_rows import to_lake_rows
 from coldharbor.lake.unified import table_contract
 from coldharbor.runtime import faults, pg, settings
 from coldharbor.runtime import spark as spark_sessions
 from coldharbor.runtime.errors import ColdharborError, LakeUnavailableError, one_line, raise_if_tables_failed
-from coldharbor.runtime.job_main import reason, run_job
+from coldharbor.runtime.job_main import run_job
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 # A base (an initial load, a rebase) reads a whole table with every reader but one core
@@ -108,75 +105,14 @@ def run(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, conf
     one export of its own, under its own lock, so a crash anywhere leaves what a sequential run
     would. An unforeseen error stops the other workers after their current table and is raised."""
     workers = min(workers, len(tables)) if dsn is not None else 1
+
+    def one(session: SparkSession, connection: psycopg.Connection, table: RegisteredTable) -> TableResult:
+        return _export_or_refuse(session, connection, jdbc, table, config, hook)
+
     if workers <= 1:
-        return [_export_or_refuse(spark, conn, jdbc, table, config, hook) for table in tables]
+        return [one(spark, conn, table) for table in tables]
     log.info("exporting %s tables, %s at once", len(tables), workers)
-    results: list[TableResult | None] = [None] * len(tables)
-    queue = iter(enumerate(tables))
-    taking = threading.Lock()
-    stop = threading.Event()
-    failures: list[BaseException] = []
-    sessions = [spark]
-
-    def worker(first: bool) -> None:
-        try:
-            with contextlib.ExitStack() as own:
-                if first:
-                    session, connection = spark, conn
-                else:
-                    try:
-                        connection = own.enter_context(pg.connect(dsn))
-                        # Released before the connection closes (the table locks go with it).
-                        own.callback(spark_sessions.release_sessions)
-                        session = spark_sessions.sibling_session(spark, "coldharbor-cdc-export")
-                    except Exception as exc:  # noqa: BLE001 - the other workers go on
-                        log.warning("an export worker could not start (%s); the others export its tables",
-                                    reason(exc))
-                        return
-                    sessions.append(session)
-                while not stop.is_set():
-                    with taking:
-                        index, table = next(queue, (None, None))
-                    if table is None:
-                        return
-                    results[index] = _export_or_refuse(session, connection, jdbc, table, config, hook)
-        except BaseException as exc:  # noqa: BLE001 - raised again below, in the job's thread
-            failures.append(exc)
-            stop.set()
-
-    pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="export")
-    try:
-        for future in [pool.submit(worker, n == 0) for n in range(workers)]:
-            future.result()
-    except BaseException:
-        # The job is being stopped (Airflow's timeout or on_kill, Ctrl-C): no table is started any
-        # more and the ones under way are interrupted in Spark, as the one-worker job's would be.
-        stop.set()
-        spark_sessions.interrupt_sessions(sessions)
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    for extra in failures[1:]:
-        log.warning("another export worker failed too: %s", reason(extra))
-    if failures:
-        raise failures[0]
-    return [r for r in results if r is not None]
-
-
-def worker_count(spark: SparkSession, tables: int) -> int:
-    """How many tables an export cycle exports at once: COLDHARBOR_EXPORT_WORKERS, else as many as
-    Spark runs tasks at once (at most settings.DEFAULT_MAX_EXPORT_WORKERS); never more than the
-    tables. Most of a small table's export is the Spark driver's planning and Delta's commit (which
-    rebuilds the table's state to check the batch's transaction id), so a second table's export uses
-    the time one leaves idle: 50 tables of 200 dirty rows on a 2-core Connect server took 22-30 s
-    two at a time against 35-38 s one after the other (bench.engine; the machine is noisy).
-    """
-    configured = settings.export_workers()
-    if tables <= 1:
-        return 1
-    if configured:
-        return min(configured, tables)
-    return max(1, min(spark_sessions.cores(spark), settings.DEFAULT_MAX_EXPORT_WORKERS, tables))
+    return export_workers.in_parallel(spark, conn, dsn, tables, workers, one)
 
 
 def _export_or_refuse(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: RegisteredTable,
@@ -242,23 +178,7 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
             return TableResult(table.qualified_name, "loaded" if loaded else "clean", recovered_batches=recovered,
                                loaded_rows=loaded.rows if loaded else 0)
         columns = registry.lake_columns(conn, table)
-        refuse_if_lake_gone(spark, conn, table, path)
-        writes.ensure_writable(spark, path)
-        change = writes.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
-                                    table.qualified_name)
-        if change.added or change.dropped:
-            log.warning("%s: columns added in PostgreSQL: %s (the lake table gains them, NULL in older rows); "
-                        "dropped: %s (the lake keeps them, NULL in new rows)", table.qualified_name,
-                        ", ".join(change.added) or "none", ", ".join(change.dropped) or "none")
-        if change.widened:
-            log.warning("%s: column types widened in PostgreSQL: %s; the lake table is rewritten with them first",
-                        table.qualified_name, ", ".join(f"{c} -> {t}" for c, t in change.widened))
-        if change.metadata_added:
-            log.info("%s: the lake table gains metadata column(s) %s (NULL in older rows)", table.qualified_name,
-                     ", ".join(change.metadata_added))
-
-        commits.require_own_lake(spark, path, commits.export_app_id(table.table_id), table.quoted_name)
-        refuse_if_lake_ahead(spark, conn, table, path)
+        change = _prepare_lake(spark, conn, table, path, columns)
         # One snapshot for the images and the batch's change ids (invariant 1): this transaction
         # exports it, the JDBC readers import it, and the intent is recorded in it and committed.
         with conn.transaction():
@@ -297,84 +217,6 @@ def export_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTar
                            loaded.rows if loaded else 0)
 
 
-def refuse_if_lake_ahead(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str) -> None:
-    """LakeAheadError, before anything is read or recorded, when Delta already recorded the batch id
-    the next batch would take: the append would be skipped as a replay. Checked before the intent,
-    so a refused run uses up no batch id and every retry is refused until a resync."""
-    commits.require_unused_batch_id(spark, path, commits.export_app_id(table.table_id),
-                                 batches.next_batch_id(conn, table.table_id), table.qualified_name)
-
-
-def refuse_if_lake_gone(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str) -> None:
-    """LakeUnavailableError when there is no lake table at `path` although batches of the table were
-    committed there: a batch of changes alone would start a lake without the table's other rows.
-    A new base (resync) starts the lake again, and as-of history with it (`base_state.starts_lake`)."""
-    if delta.pin_version(spark, path) is not None:
-        return
-    committed = conn.execute("SELECT EXISTS (SELECT 1 FROM coldharbor.export_batches WHERE table_id = %s "
-                             "AND state = 'flushed')", (table.table_id,)).fetchone()[0]
-    if committed:
-        raise LakeUnavailableError(
-            f"there is no lake table of {table.quoted_name} at {path}, although batches of it were committed there "
-            "(it was moved aside or removed, or the lake root is wrong); nothing was exported. Restore it or fix the "
-            f"lake root; if it was moved aside on purpose, write it whole again from PostgreSQL with "
-            f"`jobs/resync.py --table {table.cli_name}`")
-
-
-def recover_pending(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
-                    abandon_foreign: bool = False) -> int:
-    """Finishes batches whose run died after the intent: mark (or record the base) if committed,
-    else abandon. An abandoned initial load stays pending and is written again.
-
-    A batch whose id the lake holds from another export (PostgreSQL restored from a backup) is a
-    LakeAheadError; with `abandon_foreign` (resync, which rebuilds the lake from PostgreSQL) it is
-    abandoned instead, its changes left dirty."""
-    app_id = commits.export_app_id(table.table_id)
-    pending = batches.pending(conn, table.table_id)
-    for batch_id, kind, token in pending:
-        try:
-            if kind in base_load.KINDS:
-                def finish():
-                    return base_load.finish_if_committed(spark, conn, table, path, batch_id, kind, token)
-
-                if committed_or_fenced(spark, conn, table, path, batch_id, finish) is None:
-                    batches.abandon(conn, table.table_id, batch_id)
-                    log.warning("%s: the %s in batch %s never reached the lake; it is written again",
-                                table.qualified_name, kind, batch_id)
-                continue
-            version = committed_or_fenced(spark, conn, table, path, batch_id, lambda: commits.find_batch_commit(
-                spark, path, app_id, batch_id, token, table.qualified_name))
-        except commits.LakeAheadError:
-            if not abandon_foreign:
-                raise
-            batches.abandon(conn, table.table_id, batch_id)
-            log.warning("%s: batch %s's id is held in the lake by another export; abandoned, its changes stay dirty",
-                        table.qualified_name, batch_id)
-            continue
-        if version is None:
-            batches.abandon(conn, table.table_id, batch_id)
-            log.warning("%s: batch %s never reached the lake; its changes stay dirty and go in a new batch",
-                        table.qualified_name, batch_id)
-        else:
-            marked = batches.mark_flushed(conn, table.table_id, batch_id, version)
-            log.warning("%s: batch %s was committed as Delta version %s but not marked; marked %s changes now",
-                        table.qualified_name, batch_id, version, marked)
-    return len(pending)
-
-
-def committed_or_fenced(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
-                        batch_id: int, find: Callable[[], T | None]) -> T | None:
-    """What `find` finds of a pending batch's commit; when it finds nothing, the batch is fenced
-    first (`commits.fence_batch`: a write of it still running, as on a Spark Connect server whose client
-    died, can then never land) and looked for once more, in case it landed just before the fence."""
-    found = find()
-    if found is None:
-        with pg.lake_commit_lock(conn, table.table_id, path):
-            commits.fence_batch(spark, path, commits.export_app_id(table.table_id), batch_id)
-        found = find()
-    return found
-
-
 def remove_landed(conn: psycopg.Connection, tables: list[RegisteredTable]) -> dict[str, str]:
     """After the exports: from each lake-first table (sql/migrations/027), every row the lake now holds leaves
     PostgreSQL (coldharbor.remove_landed; no change is logged). Its own transaction per table, after
@@ -396,6 +238,31 @@ def remove_landed(conn: psycopg.Connection, tables: list[RegisteredTable]) -> di
         if removed:
             log.info("%s: %s rows that are in the lake left PostgreSQL (lake-first)", table.qualified_name, removed)
     return failed
+
+
+def _prepare_lake(spark: SparkSession, conn: psycopg.Connection, table: RegisteredTable, path: str,
+                  columns: list[LakeColumn]) -> writes.SchemaChange:
+    """Before a batch of changes is read: the lake table is there and writable, is this table's own,
+    and does not hold the next batch id already; how its columns differ from PostgreSQL's (said in
+    the log: the append adds or widens them)."""
+    refuse_if_lake_gone(spark, conn, table, path)
+    writes.ensure_writable(spark, path)
+    change = writes.schema_change(spark, path, spark.range(0).transform(table_contract(columns)).schema,
+                                table.qualified_name)
+    if change.added or change.dropped:
+        log.warning("%s: columns added in PostgreSQL: %s (the lake table gains them, NULL in older rows); "
+                    "dropped: %s (the lake keeps them, NULL in new rows)", table.qualified_name,
+                    ", ".join(change.added) or "none", ", ".join(change.dropped) or "none")
+    if change.widened:
+        log.warning("%s: column types widened in PostgreSQL: %s; the lake table is rewritten with them first",
+                    table.qualified_name, ", ".join(f"{c} -> {t}" for c, t in change.widened))
+    if change.metadata_added:
+        log.info("%s: the lake table gains metadata column(s) %s (NULL in older rows)", table.qualified_name,
+                 ", ".join(change.metadata_added))
+
+    commits.require_own_lake(spark, path, commits.export_app_id(table.table_id), table.quoted_name)
+    refuse_if_lake_ahead(spark, conn, table, path)
+    return change
 
 
 def _log_batch(table: RegisteredTable, batch: batches.Batch, version: int, marked: int) -> None:
@@ -440,7 +307,7 @@ def main(argv: list[str]) -> int:
             if todo:
                 try:
                     spark = spark_sessions.get_session("coldharbor-cdc-export")
-                    results += run(spark, conn, jdbc, config, todo, dsn=dsn, workers=worker_count(spark, len(todo)))
+                    results += run(spark, conn, jdbc, config, todo, dsn=dsn, workers=export_workers.worker_count(spark, len(todo)))
                 except Exception as exc:
                     # An unforeseen failure: the page must show these tables failing too (their outcome
                     # is not known table by table), then the job fails as before.

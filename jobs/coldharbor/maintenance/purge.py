@@ -38,7 +38,7 @@ from pyspark.sql import functions as F
 from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.export import hot_reader
-from coldharbor.export.export_job import recover_pending
+from coldharbor.export.recovery import recover_pending
 from coldharbor.lake import commits, delta, lake_store, lake_values
 from coldharbor.lake.lake_rows import DELETED, SETTLED, column, latest_per_key, quoted
 from coldharbor.maintenance import maintenance_runs, purge_predicate

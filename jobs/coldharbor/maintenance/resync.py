@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from coldharbor.capture import registry
 from coldharbor.capture.table_job import jdbc_target, one_table, registered
 from coldharbor.export import base_load, base_state
-from coldharbor.export.export_job import recover_pending
+from coldharbor.export.recovery import recover_pending
 from coldharbor.maintenance import maintenance_runs
 from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import TableBusyError

@@ -222,7 +222,7 @@ def base_readers() -> int | None:
 
 def export_workers() -> int | None:
     """COLDHARBOR_EXPORT_WORKERS: how many tables one export cycle exports at once, or None (Spark's
-    default parallelism, at most DEFAULT_MAX_EXPORT_WORKERS: `export.worker_count`)."""
+    default parallelism, at most DEFAULT_MAX_EXPORT_WORKERS: `export.workers.worker_count`)."""
     workers = number_setting(EXPORT_WORKERS_ENV, 0, "workers", lambda n: n in range(1, 65),
                              "a whole number from 1 to 64")
     return int(workers) or None

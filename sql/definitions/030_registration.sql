@@ -210,7 +210,8 @@ $$;
 
 -- Since 013: a partition cannot be registered: writes through its parent would fire none of its
 -- capture triggers.
--- Since 017: a table with inheritance children is refused (see 3. above).
+-- Since 017: a table with inheritance children is refused: a read of it includes the children's rows,
+-- which no trigger of its own captures (sql/migrations/017, 3.).
 CREATE OR REPLACE FUNCTION coldharbor.register_table_as_owner(
     p_table         regclass,
     p_lake_location text,
@@ -295,11 +296,11 @@ $$;
 
 -- Registration records the relation and its columns; registering a name again whose relation is
 -- another one (the table was dropped and created anew) sends the table back to 'pending'.
--- Since 015: and: a registration whose relation was dropped (`dropped_at`) is another relation
+-- Since 015: a registration whose relation was dropped (`dropped_at`) is another relation
 -- even under the same oid; the window of its rebase opens when the old one was dropped (without the
 -- event trigger, at the newest base: earlier than the drop, never later).
--- Since 017: with 016's dirty_since, and registering another relation retires the old one's change_log rows and finished
--- batches (see 1. above).
+-- Since 017: with 016's dirty_since, and registering another relation retires the old one's change_log
+-- rows and finished batches (sql/migrations/017, 1.).
 CREATE OR REPLACE FUNCTION coldharbor.track_registered_relation()
 RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

@@ -61,7 +61,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                       AND (n.value ->> 'name') IS DISTINCT FROM (o.value ->> 'name'))
 $$;
 
--- Sends a registered table back to 'pending' (see above). The table's lake rows stay until the
+-- Sends a registered table back to 'pending' (sql/migrations/014). The table's lake rows stay until the
 -- new base outranks them.
 -- Since 016: the request records where its window starts and whether it is a rename
 -- (called before rebase_on_ddl moves `columns_seen` on).
@@ -119,7 +119,9 @@ BEGIN
 END;
 $$;
 
--- 2.
+-- The registered tables a DDL command touched: the relation itself or any partition below it; a
+-- registration whose relation was dropped (`dropped_at`) owns none, even if PostgreSQL gave its oid
+-- to a new relation (sql/migrations/019, 2.).
 CREATE OR REPLACE FUNCTION coldharbor.registered_tables_of(p_rel oid)
 RETURNS SETOF integer
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -131,7 +133,8 @@ $$;
 -- ddl_command_end of ALTER TABLE: compares the touched registered tables' columns with what was
 -- seen; table_rewrite: a rewrite of a registered table (or of a partition of one) may have changed
 -- every row. Either way the DDL itself goes through.
--- Since 019: (with 018's reach, every DDL command), and the tables it touched as above.
+-- Since 018: on every DDL command, not only ALTER TABLE; since 019: the typed tables of a type the
+-- command touched too (ddl_touched_tables).
 CREATE OR REPLACE FUNCTION coldharbor.rebase_on_ddl()
 RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -204,7 +207,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                                                   THEN (SELECT x.reltype FROM pg_class x WHERE x.oid = c.objid) END) r
 $$;
 
--- 1. What a statement may change under table p_table_id, from the catalog alone: its relation files
+-- What a statement may change under table p_table_id, from the catalog alone: its relation files
 -- (every leaf of a partitioned table; a rewrite gives a relation a new one) and each key column's
 -- catalog row (a new row version when its definition changed), type and modifier.
 CREATE OR REPLACE FUNCTION coldharbor.key_watch(p_table_id integer)
@@ -263,7 +266,7 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
       FROM p
 $$;
 
--- 4. Sends back to pending every table whose columns differ from `columns_seen` in a way that needs
+-- Sends back to pending every table whose columns differ from `columns_seen` in a way that needs
 -- a base (rebase_reason_for), and moves `columns_seen` on; returns how many it sent back.
 CREATE OR REPLACE FUNCTION coldharbor.reconcile_columns_seen()
 RETURNS integer

@@ -296,7 +296,8 @@ $$;
 -- ddl_command_end of any DDL: refuses DDL the touched registered tables' evicted rows cannot
 -- follow (the whole statement rolls back). Event triggers of one event fire in the order of their
 -- names, so this one runs before coldharbor_rebase_ddl moves `columns_seen` on.
--- Since 019: a rewrite of a key column is checked as in 1. above.
+-- Since 019: a rewrite of a key column is refused unless it keeps every key (key_watch,
+-- key_cast_keeps_values, is_plain_type_change; sql/migrations/019, 1.).
 CREATE OR REPLACE FUNCTION coldharbor.guard_evicted_rows()
 RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

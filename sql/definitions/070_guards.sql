@@ -2,7 +2,8 @@
 -- DDL on registered tables.
 -- (Definitions: each object here only, CREATE OR REPLACE; see sql/README.md.)
 
--- Capture is protected against other sessions and settings by the above. Against the owner of a
+-- Capture is protected against other sessions and settings by its SECURITY DEFINER functions and
+-- owner-only state (sql/definitions/020_capture.sql). Against the owner of a
 -- registered table, who may alter its own table, event triggers (only a superuser can create,
 -- alter or drop one) refuse the DDL that would stop capture: dropping, disabling or replacing a
 -- capture trigger, or renaming or moving the table away from its registration. They also keep
@@ -170,9 +171,9 @@ BEGIN
 END;
 $$;
 
--- 3. The event triggers of sql/migrations/009-019 that are missing, when a superuser migrates (only a superuser
--- may create one); the names of those it could not create otherwise.
--- Since 027: with the guard above among the event triggers a superuser's migration installs.
+-- The event triggers that are missing, created when a superuser migrates (only a superuser may
+-- create one); the names of those it could not create otherwise.
+-- Since 027: with guard_concurrent_detach (sql/definitions/050_tiering.sql) among them.
 CREATE OR REPLACE FUNCTION coldharbor.install_ddl_triggers()
 RETURNS text[]
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -210,9 +211,8 @@ DECLARE
     v_missing text[] := coldharbor.install_ddl_triggers();
 BEGIN
     IF cardinality(v_missing) > 0 THEN
-        RAISE WARNING 'not a superuser: event triggers % were not created; run the migration as a superuser '
-                      '(or SELECT coldharbor.install_ddl_triggers() as one) for DDL on registered tables to be seen',
-                      array_to_string(v_missing, ', ');
+        RAISE WARNING 'not a superuser: event triggers % were not created; run SELECT coldharbor.install_ddl_triggers() '
+                      'as a superuser for DDL on registered tables to be seen', array_to_string(v_missing, ', ');
     END IF;
 END
 $triggers$;

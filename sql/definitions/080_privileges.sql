@@ -12,7 +12,7 @@
 --              tables that define what is captured and registered are the owner's alone.
 -- Since 011: with evict_guard among the triggers that may run when the schema owner deletes
 -- (owner_delete_refusal) and coldharbor.evictions among the tables only the owner writes.
--- Since 021: granting the register_table of this file and set_history_as_owner.
+-- Since 021: granting register_table and set_history_as_owner (sql/definitions/030_registration.sql).
 -- Since 022: except that the application's entry points are granted by name (every signature of
 -- each, as pg_proc holds them), so a parameter added to one needs no new copy of this function.
 -- (The list is APP_ENTRY_POINTS in tests/integration/capture/test_roles.py.)
@@ -76,11 +76,11 @@ BEGIN
     REVOKE ALL ON ALL TABLES IN SCHEMA coldharbor FROM PUBLIC;
     GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA coldharbor TO coldharbor_pipeline;
     GRANT USAGE ON ALL SEQUENCES IN SCHEMA coldharbor TO coldharbor_pipeline;
-    -- The registry, the entity store, capture's own state and the migration log are written only by
+    -- The registry, the entity store, capture's own state and the migration logs are written only by
     -- the owner's functions (and set-up). change_log: the pipeline marks (UPDATE) and prunes
     -- (DELETE); only capture inserts. The registry: the pipeline only advances batch ids
     REVOKE INSERT, UPDATE, DELETE ON coldharbor.tables, coldharbor.entity_schemas, coldharbor.entity_main,
-                                     coldharbor.eav_data, coldharbor.schema_migrations,
+                                     coldharbor.eav_data, coldharbor.schema_migrations, coldharbor.schema_definitions,
                                      coldharbor.capture_suspended, coldharbor.evictions FROM coldharbor_pipeline;
     REVOKE INSERT ON coldharbor.change_log FROM coldharbor_pipeline;
     -- ... and records a table's initial load and resync bases (008).
@@ -105,10 +105,7 @@ REVOKE ALL ON FUNCTION coldharbor.install_ddl_triggers() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION coldharbor.reconcile_columns_seen() FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION coldharbor.install_ddl_triggers() FROM PUBLIC;
-
--- The application's entry point (apply_privileges grants the names of 022's list; this one is new)
--- and the export's.
+-- An entry point of the application's that apply_privileges does not grant by name, and the export's.
 REVOKE ALL ON FUNCTION coldharbor.set_mode_as_owner(regclass, text), coldharbor.remove_landed(integer),
                        coldharbor.landing_rows(integer) FROM PUBLIC;
 

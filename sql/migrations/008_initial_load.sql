@@ -23,9 +23,8 @@ ALTER TABLE coldharbor.tables ALTER COLUMN load_state SET DEFAULT 'pending';
 -- so a run that dies between the commit and recording the base is finished by the next run.
 ALTER TABLE coldharbor.export_batches
     ADD COLUMN kind text NOT NULL DEFAULT 'changes' CHECK (kind IN ('changes', 'load', 'resync')),
-    ADD COLUMN snapshot_at timestamptz;
+    ADD COLUMN snapshot_at timestamptz;      -- load/resync: the snapshot the base was read in
 
-      -- load/resync: the snapshot the base was read in
 
 -- Verify and resync runs are logged with the other maintenance runs (the health page's "last verify").
 ALTER TABLE coldharbor.maintenance_runs DROP CONSTRAINT maintenance_runs_kind_check;

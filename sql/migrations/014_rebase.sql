@@ -21,6 +21,6 @@
 -- commits after the base's snapshot is not lost.
 ALTER TABLE coldharbor.tables
     ADD COLUMN relid         oid,                        -- the relation registered under the name
-    ADD COLUMN columns_seen  jsonb,                      -- per attnum, what defines its values (below)
+    ADD COLUMN columns_seen  jsonb,                      -- per attnum, what defines its values (column_values_signature)
     ADD COLUMN rebase_serial bigint NOT NULL DEFAULT 0,  -- how many rebases were requested
     ADD COLUMN rebase_reason text;

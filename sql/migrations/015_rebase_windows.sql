@@ -11,9 +11,8 @@
 --    drop too (`dropped_at`), so the refusal holds even if the new table were given the old oid,
 --    and registering again opens the rebase window at the drop, when PostgreSQL's rows changed.
 -- 3. The base that settles a table clears its `rebase_reason` (the history stays in rebases).
-ALTER TABLE coldharbor.tables ADD COLUMN dropped_at timestamptz;
+ALTER TABLE coldharbor.tables ADD COLUMN dropped_at timestamptz;  -- the registered relation was dropped then
 
-  -- the registered relation was dropped then
 CREATE TABLE coldharbor.rebases (
     table_id        integer     NOT NULL REFERENCES coldharbor.tables ON DELETE CASCADE,
     serial          bigint      NOT NULL,   -- the table's rebase_serial after this request

@@ -17,7 +17,8 @@
 --    old name, and an as-of read before it would find NULL under the new one. `renames_column`
 --    marks such a request; serve refuses as-of instants before its base.
 -- 3. A table registered again after it was dropped and created anew: as 1, for the old table's
---    changes still dirty (sql/migrations/017's track_registered_relation records its dirty_since).
+--    changes still dirty (track_registered_relation, sql/definitions/030_registration.sql,
+--    records its dirty_since).
 ALTER TABLE coldharbor.rebases
     ADD COLUMN dirty_since    timestamptz,                   -- oldest change not exported at the request
     ADD COLUMN renames_column boolean NOT NULL DEFAULT false;

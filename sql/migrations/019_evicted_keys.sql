@@ -26,13 +26,15 @@
 -- 2. `registered_tables_of` found a registration whose relation was dropped (`dropped_at`) when
 --    PostgreSQL gave its oid to a new relation: DDL on that unrelated relation was refused or sent
 --    the old registration back to pending. A dropped registration owns no relation now.
--- 3. A database migrated by a non-superuser up to sql/migrations/014 and by a superuser at sql/migrations/018 got the
---    guard without the rebase triggers (018 recreated the DDL one only if it existed). Each event
---    trigger is created here when missing and a superuser migrates (install_ddl_triggers).
--- 4. Renames made before sql/migrations/018 through `ALTER TYPE ... RENAME ATTRIBUTE`, `ALTER VIEW`, ... reached
---    no trigger: `columns_seen` still holds the old name and no rebase was asked for. Every table
---    whose columns differ from what was seen in a way that needs a base is sent back to pending now
---    (reconcile_columns_seen).
+-- 3. A database migrated by a non-superuser up to 014 and by a superuser at 018 got the guard
+--    without the rebase triggers (018 recreated the DDL one only if it existed). Each event trigger
+--    is created when missing and a superuser migrates (install_ddl_triggers, in
+--    sql/definitions/070_guards.sql).
+-- 4. Renames made before 018 through `ALTER TYPE ... RENAME ATTRIBUTE`, `ALTER VIEW`, ... reached no
+--    trigger: `columns_seen` still holds the old name and no rebase was asked for.
+--    reconcile_columns_seen (sql/definitions/040_rebase.sql) sends every table whose columns differ
+--    from what was seen in a way that needs a base back to pending; the databases of that time ran
+--    it at this migration.
 
 -- What each table with evicted rows looked like when the current DDL statement of a backend began.
 -- A table only the owner writes, not a session setting: a statement's own code (a USING expression,

@@ -12,8 +12,8 @@
 --   * reports read it as any table: the lake's rows, minus the keys with unexported changes, plus
 --     PostgreSQL's images of those.
 -- The refusal runs in evict_guard, the BEFORE UPDATE OR DELETE statement trigger of tiered tables,
--- which every relation of a lake-first table carries (and whose protection against being dropped,
--- disabled or replaced is sql/migrations/013's), and in log_rows, which TRUNCATE and DETACH PARTITION call
--- (restated once, with sql/migrations/028's old images).
+-- which every relation of a lake-first table carries (protected against being dropped, disabled or
+-- replaced since 013), and in log_rows, which TRUNCATE and DETACH PARTITION call (both in
+-- sql/definitions/020_capture.sql and 050_tiering.sql).
 ALTER TABLE coldharbor.tables ADD COLUMN mode text NOT NULL DEFAULT 'mirror'
     CONSTRAINT tables_mode_check CHECK (mode IN ('mirror', 'lake_first'));

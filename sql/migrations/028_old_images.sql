@@ -6,7 +6,6 @@
 -- change's old image, and after it its last change's image, without reading the lake. The serve
 -- job turns it on (coldharbor.keep_old_images) the first time it refreshes such a report; changes
 -- logged before that have none, and the report is refreshed in full until its window is past them.
-ALTER TABLE coldharbor.change_log ADD COLUMN old_image json;
+ALTER TABLE coldharbor.change_log ADD COLUMN old_image json;   -- the row before an update or delete
 
-   -- the row before an update or delete
 ALTER TABLE coldharbor.tables ADD COLUMN old_images boolean NOT NULL DEFAULT false;

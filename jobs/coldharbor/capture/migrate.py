@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+import psycopg.errors
 
 from coldharbor.capture import legacy_layout, roles
 from coldharbor.runtime import pg, settings
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 SQL_DIR = settings.PROJECT_DIR / "sql"
 MIGRATE_LOCK = (0x43480000, 0)
+DEFINITIONS_LOCK_TIMEOUT_S = 10
 
 
 class MigrationChangedError(ColdharborError):
@@ -88,6 +90,7 @@ def discover(sql_dir: Path = SQL_DIR) -> Layout:
 
 def apply(conn: psycopg.Connection, layout: Layout) -> Applied:
     """Applies the migrations not yet recorded, then the definitions if they differ from the recorded ones."""
+    conn.add_notice_handler(_warn)
     conn.execute("SELECT pg_advisory_lock(%s, %s)", MIGRATE_LOCK)
     try:
         conn.execute("CREATE SCHEMA IF NOT EXISTS coldharbor")
@@ -97,6 +100,10 @@ def apply(conn: psycopg.Connection, layout: Layout) -> Applied:
                                  applied_at timestamptz NOT NULL DEFAULT now())""")
         done = Applied(adopted=adopt_single_directory_layout(conn, layout.migrations))
         applied = dict(conn.execute("SELECT name, checksum FROM coldharbor.schema_migrations").fetchall())
+        if unknown := sorted(set(applied) - {m.name for m in layout.migrations}):
+            raise MigrationChangedError(
+                f"migration {unknown[-1]} is recorded as applied but is not among these files: a newer release "
+                "migrated this database; nothing was applied (its definitions would be older than its tables)")
         for migration in layout.migrations:
             if migration.name in applied:
                 if applied[migration.name] != migration.checksum:
@@ -113,17 +120,30 @@ def apply(conn: psycopg.Connection, layout: Layout) -> Applied:
         done.definitions = apply_definitions(conn, layout.definitions)
         return done
     finally:
-        conn.execute("SELECT pg_advisory_unlock(%s, %s)", MIGRATE_LOCK)
+        if not (conn.closed or conn.broken):
+            conn.execute("SELECT pg_advisory_unlock(%s, %s)", MIGRATE_LOCK)
+        conn.remove_notice_handler(_warn)
+
+
+def _warn(diagnostic: psycopg.errors.Diagnostic) -> None:
+    """A WARNING the SQL raised (a superuser's step skipped, a table whose capture stays as it was)
+    reaches whoever migrates; NOTICEs (a table that exists already) do not."""
+    if diagnostic.severity_nonlocalized == "WARNING":
+        log.warning("PostgreSQL: %s", diagnostic.message_primary)
 
 
 def apply_definitions(conn: psycopg.Connection, definitions: tuple[Migration, ...]) -> list[str]:
     """Every definition, in order, in one transaction, when any differs from the ones recorded (or
-    one was added or removed); the names that differed, or [] when nothing was done."""
+    one was added or removed); the names that differed ("NNN_name.sql (removed)" for one removed), or
+    [] when nothing was done."""
     recorded = dict(conn.execute("SELECT name, checksum FROM coldharbor.schema_definitions").fetchall())
     current = {d.name: d.checksum for d in definitions}
     if recorded == current:
         return []
     with conn.transaction():
+        # The capture of every registered table is made again (090): waiting behind a long
+        # transaction on one table would hold up the writes to the tables already done.
+        conn.execute(f"SET LOCAL lock_timeout = '{DEFINITIONS_LOCK_TIMEOUT_S}s'")
         for definition in definitions:
             with _refused_as(conn, f"definitions {definition.name} failed, and every definition was rolled back"):
                 conn.execute(definition.sql)
@@ -132,8 +152,9 @@ def apply_definitions(conn: psycopg.Connection, definitions: tuple[Migration, ..
             cur.executemany("INSERT INTO coldharbor.schema_definitions (name, checksum) VALUES (%s, %s)",
                             list(current.items()))
         apply_privileges(conn)
-    changed = sorted(set(current) - {n for n, c in recorded.items() if current.get(n) == c})
-    log.info("applied the definitions (%s differed)", ", ".join(changed) or "removed ones")
+    changed = sorted({n for n in current if recorded.get(n) != current[n]}
+                     | {f"{n} (removed)" for n in recorded if n not in current})
+    log.info("applied the definitions (%s differed)", ", ".join(changed))
     return changed
 
 
@@ -148,6 +169,9 @@ def adopt_single_directory_layout(conn: psycopg.Connection, migrations: tuple[Mi
     legacy = {n for n, c in recorded.items() if old.get(n) == c}
     if all(files.get(n) == recorded[n] for n in legacy):
         return False        # no file of that layout that these files changed is recorded: not such a database
+    if tampered := sorted(n for n in old if n in recorded and n not in legacy and files.get(n) != recorded[n]):
+        raise MigrationChangedError(f"migration {tampered[0]}'s recorded checksum is neither the single-directory "
+                                    "layout's nor these files'; nothing was applied")
     if legacy != set(old):
         raise LayoutUpgradeError(
             f"this database was migrated by the single-directory layout of sql/ up to {max(legacy)} only; "
@@ -171,7 +195,11 @@ def _refused_as(conn: psycopg.Connection, prefix: str) -> Iterator[None]:
     except psycopg.Error as exc:
         if conn.broken:
             raise
-        raise MigrationFailedError(f"{prefix}: {exc.diag.message_primary or exc}") from exc
+        why = exc.diag.message_primary or str(exc)
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            why += (f" (a transaction held a lock it needed for more than {DEFINITIONS_LOCK_TIMEOUT_S} s; "
+                    "run migrate again when it is done)")
+        raise MigrationFailedError(f"{prefix}: {why}") from exc
 
 
 def apply_privileges(conn: psycopg.Connection) -> None:

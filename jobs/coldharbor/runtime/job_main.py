@@ -105,7 +105,7 @@ def reason(exc: BaseException) -> str:
     a lost PostgreSQL or Spark Connect server as the job would name it, a ColdharborError's message,
     else the JVM cause or the first line (never a multi-line gRPC or JVM repr)."""
     from coldharbor.runtime.pg import lost_postgres
-    from coldharbor.runtime.spark import lost_spark
+    from coldharbor.runtime.spark_errors import lost_spark
 
     lost = lost_postgres(exc) or lost_spark(exc)
     if lost is not None:
@@ -160,7 +160,7 @@ def _run(name: str, body: Callable[[], int], unexpected_exit: int, label: Callab
             f"PostgreSQL refused the job's role: {exc.diag.message_primary} (see README, 'Roles and privileges')"))
     except Exception as exc:
         from coldharbor.runtime.pg import lost_postgres
-        from coldharbor.runtime.spark import lost_spark
+        from coldharbor.runtime.spark_errors import lost_spark
 
         # A Spark JDBC reader or writer that lost PostgreSQL, or the Spark Connect server gone.
         lost = lost_postgres(exc) or lost_spark(exc)

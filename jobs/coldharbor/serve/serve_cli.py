@@ -14,7 +14,7 @@ from coldharbor.lake import registry_cache
 from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import ColdharborError, PostgresUnavailableError, ReportError
 from coldharbor.runtime.job_main import run_job
-from coldharbor.runtime.spark import data_error
+from coldharbor.runtime.spark_errors import data_error
 from coldharbor.serve import report_runs, report_spec
 from coldharbor.serve.as_of import waiting_for_export
 from coldharbor.serve.report_runs import RunRecord

@@ -26,7 +26,8 @@ from coldharbor.lake.unified import cold_live, table_contract, unified_rows
 from coldharbor.runtime import settings
 from coldharbor.runtime.errors import ColdharborError, LakeUnavailableError, ReportError, jvm_message
 from coldharbor.runtime.pg import JdbcTarget
-from coldharbor.runtime.spark import data_error, local_checkpoint
+from coldharbor.runtime.spark import local_checkpoint
+from coldharbor.runtime.spark_errors import data_error
 from coldharbor.serve import hot_snapshot, sinks, sql_guard, sql_params
 from coldharbor.serve.as_of import check_as_of, lake_as_of
 from coldharbor.serve.hot_snapshot import HotSnapshot, HotTable

@@ -23,7 +23,7 @@ from coldharbor.lake import delta
 from coldharbor.runtime import faults
 from coldharbor.runtime.errors import LakeUnavailableError, ReportError, jvm_message, one_line
 from coldharbor.runtime.pg import JdbcTarget
-from coldharbor.runtime.spark import data_error
+from coldharbor.runtime.spark_errors import data_error
 from coldharbor.serve import report_tables
 from coldharbor.serve.report_spec import REPORTS_SCHEMA
 

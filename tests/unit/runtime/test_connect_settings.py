@@ -4,7 +4,7 @@ server."""
 from __future__ import annotations
 
 import pytest
-from coldharbor.runtime import settings, spark
+from coldharbor.runtime import settings, spark, spark_errors
 from coldharbor.runtime.errors import ConfigError, SparkUnavailableError
 
 
@@ -75,14 +75,14 @@ def test_a_lost_server_is_one_error_naming_it_only_on_connect(monkeypatch):
 
     lost = Unavailable("<_MultiThreadedRendezvous of RPC that terminated with:\n\tstatus = StatusCode.UNAVAILABLE")
     monkeypatch.delenv(settings.SPARK_REMOTE_ENV, raising=False)
-    assert spark.lost_spark(lost) is None
+    assert spark_errors.lost_spark(lost) is None
     monkeypatch.setenv(settings.SPARK_REMOTE_ENV, "sc://127.0.0.1:1")
     wrapped = RuntimeError("the write failed")
     wrapped.__cause__ = lost
-    error = spark.lost_spark(wrapped)
+    error = spark_errors.lost_spark(wrapped)
     assert isinstance(error, SparkUnavailableError)
     assert "sc://127.0.0.1:1 is unreachable" in str(error) and "\n" not in str(error)
-    assert spark.lost_spark(ValueError("[DIVIDE_BY_ZERO] Division by zero")) is None
+    assert spark_errors.lost_spark(ValueError("[DIVIDE_BY_ZERO] Division by zero")) is None
 
 
 @pytest.mark.parametrize("env, locale", [
@@ -145,6 +145,6 @@ def test_a_token_in_the_remote_never_reaches_a_message(monkeypatch):
     lost = RuntimeError("<_InactiveRpcError of RPC that terminated with:\n\tstatus = StatusCode.UNAVAILABLE\n\t"
                         "details = \"failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: "
                         "Ssl handshake failed (TSI_PROTOCOL_FAILURE)\"\n>")
-    said = str(spark.lost_spark(lost))
+    said = str(spark_errors.lost_spark(lost))
     assert "SuperSecret123" not in said and "sc://127.0.0.1:1/;token=***" in said
     assert "does not speak TLS" in said

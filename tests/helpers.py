@@ -14,7 +14,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import psycopg
-from coldharbor.capture import migrate, registry, roles
+from coldharbor.capture import migrate, registry, roles, table_names
 from coldharbor.export.export_job import ExportConfig, TableResult, export_table
 from coldharbor.lake.lake_rows import live_rows
 from coldharbor.runtime import faults, pg
@@ -41,7 +41,7 @@ def export(spark, dsn: str, name: str, lake_root: str, hook: faults.Hook = lambd
 
 
 def lake_table(spark, lake_root: str, name: str):
-    schema, table = registry.split_name(name)
+    schema, table = table_names.split_name(name)
     return spark.read.format("delta").load(f"{lake_root}/{schema}/{table}")
 
 
@@ -88,7 +88,7 @@ def evict(admin: psycopg.Connection, name: str, where: str) -> None:
 
 
 def dirty_ids(conn: psycopg.Connection, name: str) -> list[int]:
-    schema, table = registry.split_name(name)
+    schema, table = table_names.split_name(name)
     return [r[0] for r in conn.execute(
         """SELECT c.id FROM coldharbor.change_log c JOIN coldharbor.tables t USING (table_id)
            WHERE t.schema_name = %s AND t.table_name = %s AND c.flushed_at IS NULL ORDER BY c.id""",

@@ -17,7 +17,7 @@ NO_OWN_FOLDER = "none: its name is no folder name; an administrator registers it
 def folder(table: Mapping[str, Any]) -> tuple[str | None, str]:
     """(the table's lake folder as the jobs find it, ""), or (None, a sentence why it has none).
     `table` is a row of the health figures (schema_name, table_name, lake_location)."""
-    from coldharbor.capture.registry import lake_path
+    from coldharbor.capture.table_names import lake_path
     from coldharbor.runtime.errors import ConfigError
 
     root = os.environ.get("COLDHARBOR_LAKE_ROOT")

@@ -27,7 +27,7 @@ import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor.capture import registry
+from coldharbor.capture import registry, table_names
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.capture.table_job import jdbc_target, one_table, registered
 from coldharbor.export import base_state, batches, table_reader
@@ -155,7 +155,7 @@ def sample_differences(view: DataFrame, postgres: DataFrame, twice: DataFrame,
         else:
             problem = "has different values in the lake view and in PostgreSQL"
         samples.append((row, problem))
-    return [{"key": "(" + ", ".join(f"{registry.quote_ident(k)}={shown(row[k])}" for k in keys) + ")",
+    return [{"key": "(" + ", ".join(f"{table_names.quote_ident(k)}={shown(row[k])}" for k in keys) + ")",
              "problem": problem} for row, problem in samples[:SAMPLE_KEYS]]
 
 

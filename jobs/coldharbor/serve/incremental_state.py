@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 
-from coldharbor.capture import registry
+from coldharbor.capture import table_names
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
 from coldharbor.lake import delta, lake_store
 from coldharbor.runtime.errors import jvm_message
@@ -38,7 +38,7 @@ class Frontier:
 
 
 def state_path(lake_root: str, target: str) -> str:
-    return f"{lake_root}/{registry.OWN_FOLDER}/{STATE_FOLDER}/{target}"
+    return f"{lake_root}/{table_names.OWN_FOLDER}/{STATE_FOLDER}/{target}"
 
 
 def fingerprint(report_sql: str, params: ParamValues, table: RegisteredTable,

@@ -6,7 +6,7 @@ from datetime import date, datetime, timezone
 from decimal import Decimal
 
 import pytest
-from coldharbor.capture.registry import name_candidates, quote_ident
+from coldharbor.capture.table_names import name_candidates, quote_ident
 from coldharbor.maintenance.verify import shown
 from coldharbor.runtime.errors import ConfigError
 

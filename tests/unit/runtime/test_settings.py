@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from coldharbor.capture.registry import split_name
+from coldharbor.capture.table_names import split_name
 from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import ConfigError
 from coldharbor.runtime.pg import JdbcTarget, describe

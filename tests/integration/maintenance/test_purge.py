@@ -11,8 +11,9 @@ from coldharbor.lake import delta
 from coldharbor.maintenance import purge_predicate
 from coldharbor.maintenance.compaction import compact_table
 from coldharbor.maintenance.compaction_plan import CompactionConfig
-from coldharbor.maintenance.purge import PurgeConfig, purge, verify
+from coldharbor.maintenance.purge import PurgeConfig, purge
 from coldharbor.maintenance.purge import main as purge_main
+from coldharbor.maintenance.purge_steps import verify
 from coldharbor.runtime import pg
 from coldharbor.runtime.spark import temporary_conf
 

@@ -19,7 +19,8 @@ from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.export.hot_reader import as_output, snapshot_read
+from coldharbor.export.hot_reader import snapshot_read
+from coldharbor.export.image_sql import as_output
 from coldharbor.lake.lake_rows import column
 from coldharbor.runtime.pg import JdbcTarget
 from coldharbor.runtime.spark import parallelism as spark_parallelism

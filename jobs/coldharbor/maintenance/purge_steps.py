@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.export import hot_reader
+from coldharbor.export import image_sql
 from coldharbor.lake import commits, delta, lake_store
 from coldharbor.lake.lake_rows import DELETED, SETTLED, column, quoted
 from coldharbor.maintenance.purge_predicate import Predicate
@@ -73,7 +73,7 @@ def lake_key(values) -> tuple:
 
 def as_lake_value(column: LakeColumn) -> sql.Composable:
     """A key column as the lake holds it (uuid as text), so hot and lake keys compare equal."""
-    if column.pg_type in hot_reader.AS_TEXT:
+    if column.pg_type in image_sql.AS_TEXT:
         return sql.SQL("{}::text").format(sql.Identifier(column.name))
     return sql.Identifier(column.name)
 

@@ -23,7 +23,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.export import hot_reader
+from coldharbor.export import image_sql
 from coldharbor.lake import delta, lake_values
 from coldharbor.lake.lake_rows import BATCH_ID, DELETED, SEQ, Transform, column, latest_per_key, quoted
 from coldharbor.maintenance import row_digest
@@ -145,7 +145,7 @@ def pg_digests_query(table: RegisteredTable, columns: Sequence[LakeColumn], chun
                      bad: Sequence[int], share: sql.Composable) -> sql.Composed:
     """The keys (typed for the lake) and digests of one share's rows in the chunks `bad`."""
     return sql.SQL("SELECT {keys}, {digest} AS {h} FROM {table} t WHERE {share} AND {chunk} IN ({bad})").format(
-        keys=sql.SQL(", ").join(hot_reader.as_output(c, _plain(c)) for c in chunks.keys),
+        keys=sql.SQL(", ").join(image_sql.as_output(c, _plain(c)) for c in chunks.keys),
         digest=row_digest.pg_digest(columns, _plain, utf8), h=sql.Identifier(HASH), table=table.identifier,
         share=share, chunk=chunks.pg_chunk(_chunk_key(chunks)), bad=sql.SQL(", ").join(sql.Literal(i) for i in bad))
 

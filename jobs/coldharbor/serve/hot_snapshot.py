@@ -20,7 +20,7 @@ from psycopg import sql
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.export import base_state, batches, hot_reader
+from coldharbor.export import base_state, batches, hot_reader, image_sql
 from coldharbor.lake import commits, lake_values
 from coldharbor.lake.lake_rows import DELETED
 from coldharbor.runtime.errors import LakeUnavailableError
@@ -115,7 +115,7 @@ def whole_table_query(table: RegisteredTable, columns: Sequence[LakeColumn]) -> 
         return sql.SQL("t.{}").format(sql.Identifier(c.name))
 
     return sql.SQL("SELECT {columns}, false AS {deleted} FROM {table} t").format(
-        columns=hot_reader.checked_select(columns, value_of, through_jdbc=False), deleted=sql.Identifier(DELETED),
+        columns=image_sql.checked_select(columns, value_of, through_jdbc=False), deleted=sql.Identifier(DELETED),
         table=table.identifier)
 
 

@@ -8,7 +8,7 @@ a table with exact history logs the row each insert and update leaves (sql/migra
 refreshes incrementally over it, the row each update and delete removes (sql/migrations/028). A key's changes
 since the last refresh contribute minus its first change's old row and plus its last change's new
 row; that holds only when they chain (each one's row before is the row the one before it left,
-`hot_reader._chained`, as the export checks), and a trail through the same changes that chains
+`image_sql._chained`, as the export checks), and a trail through the same changes that chains
 starts and ends where the true order does (or, for a key that came back to where it was, adds
 nothing either way).
 

@@ -14,7 +14,7 @@ from psycopg import sql
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.export import base_state, hot_reader
+from coldharbor.export import base_state, hot_reader, image_sql
 from coldharbor.lake import lake_values
 from coldharbor.serve.hot_snapshot import arrow_type
 from coldharbor.serve.incremental_state import Frontier
@@ -40,7 +40,7 @@ def changes_query(table: RegisteredTable, columns: Sequence[LakeColumn], since: 
     old row when none was flushed), plus the last change's row. VALID false (one row, no values)
     for a key whose changes do not chain or miss a row they need."""
     def values(image: str):
-        return hot_reader.checked_select(columns, lambda c: hot_reader.logged_image_value(c, image),
+        return image_sql.checked_select(columns, lambda c: image_sql.logged_image_value(c, image),
                                          through_jdbc=False)
 
     return sql.SQL("""

@@ -48,7 +48,7 @@ $$;
 -- A Delta table without column mapping refuses column names containing a space or any of
 -- , ; { } ( ) = newline tab, and Spark resolves names case-insensitively, so "Amount" and "amount"
 -- are one column there and "_CH_SEQ" collides with the metadata column _ch_seq. PostgreSQL accepts
--- all of these. Before sql/migrations/007 such a table registered and captured changes, and its first export
+-- all of these. Before migration 007 (of the single-directory layout) such a table registered and captured changes, and its first export
 -- failed inside Spark with Delta's message. Now registration refuses it, naming the column, and an
 -- export of a table registered earlier fails with the same message before it reads or marks
 -- anything.

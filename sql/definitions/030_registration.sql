@@ -550,9 +550,20 @@ BEGIN
 END;
 $$;
 
-DROP TRIGGER IF EXISTS settle_load_at_registration ON coldharbor.tables;
-CREATE CONSTRAINT TRIGGER settle_load_at_registration AFTER INSERT ON coldharbor.tables
-    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION coldharbor.settle_load_at_registration();
+-- A constraint trigger has no CREATE OR REPLACE: it is made again only when it differs, since dropping
+-- it locks coldharbor.tables against every reader (the jobs, evict_guard) until the definitions commit.
+DO $settle$
+DECLARE
+    v_wanted text := 'CREATE CONSTRAINT TRIGGER settle_load_at_registration AFTER INSERT ON coldharbor.tables '
+                     'DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION coldharbor.settle_load_at_registration()';
+BEGIN
+    IF (SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'coldharbor.tables'::regclass
+          AND tgname = 'settle_load_at_registration') IS DISTINCT FROM v_wanted THEN
+        DROP TRIGGER IF EXISTS settle_load_at_registration ON coldharbor.tables;
+        EXECUTE v_wanted;
+    END IF;
+END
+$settle$;
 
 CREATE OR REPLACE TRIGGER track_registered_relation
     BEFORE INSERT OR UPDATE OF key_columns, lake_location, partition_by, sort_by, hot_retention ON coldharbor.tables

@@ -9,7 +9,7 @@
 --                         tables hold every row it changed, in that relation or below it);
 --   TRUNCATE              fires the truncate triggers of every relation it empties, so each plain
 --                         table (leaf) logs its own rows and a partitioned one logs none (log_rows).
--- The tree changes with DDL, which event triggers see (created only by a superuser, as in 009):
+-- The tree changes with DDL, which event triggers see (created only by a superuser; sql/definitions/070_guards.sql):
 --   CREATE TABLE ... PARTITION OF   the new partition gets the triggers (it holds no rows);
 --   ATTACH PARTITION                the attached table (and its partitions) get the triggers, and the
 --                                   rows it brings into the registered table are logged as inserts;

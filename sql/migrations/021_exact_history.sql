@@ -11,7 +11,7 @@
 -- image cannot hold, exact history refuses at registration, naming the column: a virtual generated
 -- column (a transition table holds NULL there), a json column (the spaces around its value are
 -- lost), and a nullable jsonb column (SQL NULL and JSON null both print null). The export treats an
--- image as none when such a column appeared since (`hot_reader._image_usable`).
+-- image as none when such a column appeared since (`image_sql._image_usable`).
 --
 -- 'latest' (the default, and every table registered before) logs no image, exactly as before.
 -- Changing a table's history reinstalls its capture; images logged before a rebase request (DDL

@@ -11,7 +11,7 @@
 -- way and accepts a key's images only when its logged changes chain, each one's row after equal to
 -- the next one's row before (an insert follows only a delete): a chain in the wrong order breaks
 -- somewhere, and a key whose chain breaks keeps its changes of that export as one span, refused
--- inside, as for any table (`hot_reader.exact_images_query`). Values equal under their type's
+-- inside, as for any table (`image_sql.exact_images_query`). Values equal under their type's
 -- equality but printed differently (-0 and 0 in a float, 1.0 and 1.00 inside a jsonb) hash alike;
 -- a chain in the wrong order can hide behind them only where the nested write changed nothing else.
 -- Tables with the default history log no hash, exactly as before.

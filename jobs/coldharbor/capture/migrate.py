@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 SQL_DIR = settings.PROJECT_DIR / "sql"
 MIGRATE_LOCK = (0x43480000, 0)
+SHIPPED = "shipped.sha256"   # in sql/definitions: "checksum  name" of every version ever shipped
 DEFINITIONS_LOCK_TIMEOUT_S = 10
 
 
@@ -70,6 +71,9 @@ class Migration:
 class Layout:
     migrations: tuple[Migration, ...]
     definitions: tuple[Migration, ...] = ()
+    # (name, checksum) of every definitions file any release up to these files shipped
+    # (sql/definitions/shipped.sha256, append-only): a recorded one outside it is a newer release's.
+    shipped: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass
@@ -84,8 +88,11 @@ def _files(folder: Path) -> tuple[Migration, ...]:
 
 
 def discover(sql_dir: Path = SQL_DIR) -> Layout:
-    """The migrations and the definitions under sql_dir, each in order."""
-    return Layout(_files(sql_dir / "migrations"), _files(sql_dir / "definitions"))
+    """The migrations and the definitions under sql_dir, each in order, and the definitions shipped."""
+    shipped = sql_dir / "definitions" / SHIPPED
+    lines = shipped.read_text().splitlines() if shipped.exists() else []
+    return Layout(_files(sql_dir / "migrations"), _files(sql_dir / "definitions"),
+                  frozenset((name, checksum) for checksum, name in (line.split() for line in lines if line.strip())))
 
 
 def apply(conn: psycopg.Connection, layout: Layout) -> Applied:
@@ -117,7 +124,7 @@ def apply(conn: psycopg.Connection, layout: Layout) -> Applied:
                 apply_privileges(conn)
             log.info("applied migration %s", migration.name)
             done.migrations.append(migration.name)
-        done.definitions = apply_definitions(conn, layout.definitions)
+        done.definitions = apply_definitions(conn, layout.definitions, layout.shipped)
         return done
     finally:
         if not (conn.closed or conn.broken):
@@ -129,23 +136,30 @@ def _warn(diagnostic: psycopg.errors.Diagnostic) -> None:
     """A WARNING the SQL raised (a superuser's step skipped, a table whose capture stays as it was)
     reaches whoever migrates; NOTICEs (a table that exists already) do not."""
     if diagnostic.severity_nonlocalized == "WARNING":
-        log.warning("PostgreSQL: %s", diagnostic.message_primary)
+        log.warning("PostgreSQL: %s", " ".join(str(diagnostic.message_primary).split()))
 
 
-def apply_definitions(conn: psycopg.Connection, definitions: tuple[Migration, ...]) -> list[str]:
+def apply_definitions(conn: psycopg.Connection, definitions: tuple[Migration, ...],
+                      shipped: frozenset[tuple[str, str]] = frozenset()) -> list[str]:
     """Every definition, in order, in one transaction, when any differs from the ones recorded (or
     one was added or removed); the names that differed ("NNN_name.sql (removed)" for one removed), or
-    [] when nothing was done."""
+    [] when nothing was done. A recorded definition these files never shipped (`shipped`) was a newer
+    release's: refused, nothing applied (older functions over it would silently undo it)."""
     recorded = dict(conn.execute("SELECT name, checksum FROM coldharbor.schema_definitions").fetchall())
     current = {d.name: d.checksum for d in definitions}
     if recorded == current:
         return []
+    if newer := sorted(n for n, c in recorded.items() if current.get(n) != c and (n, c) not in shipped):
+        raise MigrationChangedError(
+            f"definitions {newer[0]} were applied from a version these files never shipped (a newer release's, "
+            "or a file edited without its line in sql/definitions/shipped.sha256); nothing was applied")
     with conn.transaction():
         # The capture of every registered table is made again (090): waiting behind a long
         # transaction on one table would hold up the writes to the tables already done.
         conn.execute(f"SET LOCAL lock_timeout = '{DEFINITIONS_LOCK_TIMEOUT_S}s'")
         for definition in definitions:
-            with _refused_as(conn, f"definitions {definition.name} failed, and every definition was rolled back"):
+            with _refused_as(conn, f"definitions {definition.name} failed, and every definition was rolled back",
+                             lock_timeout=True):
                 conn.execute(definition.sql)
         conn.execute("DELETE FROM coldharbor.schema_definitions")
         with conn.cursor() as cur:
@@ -187,7 +201,7 @@ def adopt_single_directory_layout(conn: psycopg.Connection, migrations: tuple[Mi
 
 
 @contextmanager
-def _refused_as(conn: psycopg.Connection, prefix: str) -> Iterator[None]:
+def _refused_as(conn: psycopg.Connection, prefix: str, lock_timeout: bool = False) -> Iterator[None]:
     """Turns PostgreSQL's refusal of the statements inside into MigrationFailedError(prefix: message);
     a lost server stays what it is."""
     try:
@@ -196,7 +210,7 @@ def _refused_as(conn: psycopg.Connection, prefix: str) -> Iterator[None]:
         if conn.broken:
             raise
         why = exc.diag.message_primary or str(exc)
-        if isinstance(exc, psycopg.errors.LockNotAvailable):
+        if lock_timeout and isinstance(exc, psycopg.errors.LockNotAvailable):
             why += (f" (a transaction held a lock it needed for more than {DEFINITIONS_LOCK_TIMEOUT_S} s; "
                     "run migrate again when it is done)")
         raise MigrationFailedError(f"{prefix}: {why}") from exc

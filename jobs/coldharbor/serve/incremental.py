@@ -157,23 +157,8 @@ def _refresh(spark: SparkSession, conn: psycopg.Connection, parsed: sql_guard.Pa
     # As a report pins its versions: the lake first, then PostgreSQL's snapshot.
     pinned = delta.pin_version(spark, lake_path)
     committed = commits.committed_txn_version(spark, lake_path, commits.export_app_id(table.table_id))
-    with _stage("reading the changes from PostgreSQL"):
-        window = read_window(conn, table, columns, stored[1] if stored else None, pinned, committed, why_none)
-        if isinstance(window, Window) and window.cold_valid is None and _invalid_keys(window.changes):
-            # Keys whose exported changes cannot be applied: the lake holds their rows at P.
-            window = read_window(conn, table, columns, None, pinned, committed,
-                                 f"{_invalid_keys(window.changes)} key(s) changed since the last refresh have "
-                                 "exported changes whose rows cannot be applied")
-    if isinstance(window, str):
-        raise NotIncremental(window)
+    window = _changes_since(conn, table, columns, stored, pinned, committed, why_none)
     changes = window.changes
-    invalid = _invalid_keys(changes)
-    if invalid:
-        raise NotIncremental(f"{invalid} key(s) changed since the last export have changes whose rows cannot be "
-                             "applied (out of order in their transaction, or a row missing or not held by the lake)")
-    problems = changes[lake_values.PROBLEM].drop_null()
-    if len(problems):
-        raise NotIncremental(f"a changed row holds a value the lake does not: {problems[0].as_py()}")
     contract = [c.name for c in columns]
     query = state_query(parsed, shape, table)
     with _stage("planning"):
@@ -217,6 +202,31 @@ def _refresh(spark: SparkSession, conn: psycopg.Connection, parsed: sql_guard.Pa
         write_state(cold, path, Frontier(window.version, window.batch_id, prints, window.now))
     hot = sum(1 for c in changes[COLD].to_pylist() if not c)
     return Outcome(written, f"refreshed {how}", window.version, hot)
+
+
+def _changes_since(conn: psycopg.Connection, table: RegisteredTable, columns: Sequence[LakeColumn], stored,
+                   pinned: int | None, committed: int | None, why_none: str) -> Window:
+    """The table's signed changes since the stored frontier (all of them from the lake at `pinned`
+    when there is no frontier), read in one PostgreSQL snapshot; NotIncremental when they cannot be
+    applied to the state."""
+    with _stage("reading the changes from PostgreSQL"):
+        window = read_window(conn, table, columns, stored[1] if stored else None, pinned, committed, why_none)
+        if isinstance(window, Window) and window.cold_valid is None and _invalid_keys(window.changes):
+            # Keys whose exported changes cannot be applied: the lake holds their rows at P.
+            window = read_window(conn, table, columns, None, pinned, committed,
+                                 f"{_invalid_keys(window.changes)} key(s) changed since the last refresh have "
+                                 "exported changes whose rows cannot be applied")
+    if isinstance(window, str):
+        raise NotIncremental(window)
+    changes = window.changes
+    invalid = _invalid_keys(changes)
+    if invalid:
+        raise NotIncremental(f"{invalid} key(s) changed since the last export have changes whose rows cannot be "
+                             "applied (out of order in their transaction, or a row missing or not held by the lake)")
+    problems = changes[lake_values.PROBLEM].drop_null()
+    if len(problems):
+        raise NotIncremental(f"a changed row holds a value the lake does not: {problems[0].as_py()}")
+    return window
 
 
 def _invalid_keys(changes: pa.Table) -> int:

@@ -5,6 +5,7 @@ transaction, exactly when one of them changes."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 import subprocess
@@ -159,8 +160,15 @@ def test_a_database_the_single_directory_layout_migrated_part_of_the_way_is_refu
 
 
 def edited(layout: migrate.Layout, name: str, edit: Callable[[str], str]) -> migrate.Layout:
-    return migrate.Layout(layout.migrations, tuple(
-        migrate.Migration(d.name, edit(d.sql) if d.name == name else d.sql) for d in layout.definitions))
+    """The layout of a release that changed one definitions file (and ships it)."""
+    definitions = tuple(migrate.Migration(d.name, edit(d.sql) if d.name == name else d.sql)
+                        for d in layout.definitions)
+    return with_definitions(layout, definitions)
+
+
+def with_definitions(layout: migrate.Layout, definitions: tuple[migrate.Migration, ...]) -> migrate.Layout:
+    return dataclasses.replace(layout, definitions=definitions,
+                               shipped=layout.shipped | {(d.name, d.checksum) for d in definitions})
 
 
 def test_definitions_are_applied_again_when_one_changes_and_not_at_all_when_one_fails(new_database):
@@ -251,11 +259,12 @@ def test_a_removed_definition_and_a_warning_are_said(new_database, caplog):
     today = migrate.discover()
     migrated(dsn, today)
     warn = migrate.Migration("095_warn.sql", "DO $$ BEGIN RAISE WARNING 'probe: %', 1; END $$;\n")
+    with_warn = with_definitions(today, today.definitions + (warn,))
     with caplog.at_level("WARNING", logger="coldharbor.capture.migrate"):
-        assert migrated(dsn, migrate.Layout(today.migrations, today.definitions + (warn,))) == [
-            migrate.Applied(definitions=["095_warn.sql"])]
+        assert migrated(dsn, with_warn) == [migrate.Applied(definitions=["095_warn.sql"])]
     assert "PostgreSQL: probe: 1" in caplog.text
-    assert migrated(dsn, today) == [migrate.Applied(definitions=["095_warn.sql (removed)"])]
+    removed = dataclasses.replace(today, shipped=with_warn.shipped)   # a later release that removed it
+    assert migrated(dsn, removed) == [migrate.Applied(definitions=["095_warn.sql (removed)"])]
 
 
 def test_definitions_waiting_behind_a_long_transaction_give_up_whole(new_database, monkeypatch, request):
@@ -285,3 +294,32 @@ def test_definitions_waiting_behind_a_long_transaction_give_up_whole(new_databas
     with pg.connect(dsn) as conn:
         assert conn.execute("SELECT name, checksum FROM coldharbor.schema_definitions ORDER BY 1").fetchall() == [
             (d.name, d.checksum) for d in today.definitions]
+
+
+def test_definitions_applied_again_leave_the_registry_readable(new_database, monkeypatch):
+    """A job reading coldharbor.tables in an open transaction (as evict_guard does on every write
+    to a tiered table) does not hold up definitions applied again, nor they it: nothing in them takes
+    more than a trigger's lock on the registry when its triggers are unchanged."""
+    dsn = new_database()
+    today = migrate.discover()
+    migrated(dsn, today)
+    monkeypatch.setattr(migrate, "DEFINITIONS_LOCK_TIMEOUT_S", 2)
+    with pg.connect(dsn) as reader, reader.transaction():
+        reader.execute("SELECT count(*) FROM coldharbor.tables")
+        assert migrated(dsn, edited(today, "030_registration.sql", lambda sql: sql + "\n-- changed\n")) == [
+            migrate.Applied(definitions=["030_registration.sql"])]
+
+
+def test_definitions_a_newer_release_applied_are_not_undone(new_database):
+    """A release that changed definitions only: older files (which never shipped that version) refuse
+    to put their functions over it."""
+    dsn = new_database()
+    today = migrate.discover()
+    newer = edited(today, "020_capture.sql", lambda sql: sql + "\n-- newer\n")
+    migrated(dsn, newer)
+    with pg.connect(dsn) as conn:
+        with pytest.raises(migrate.MigrationChangedError, match=r"^definitions 020_capture\.sql were applied from a "
+                                                                 r"version these files never shipped"):
+            migrate.apply(conn, today)
+        assert conn.execute("SELECT checksum FROM coldharbor.schema_definitions WHERE name = '020_capture.sql'"
+                            ).fetchone()[0] == dict((d.name, d.checksum) for d in newer.definitions)["020_capture.sql"]

@@ -79,13 +79,19 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
         return self.run_on_connect(spark_conn) if self.on_connect else self.run_submitted(context)
 
     def run_on_connect(self, spark_conn: Connection) -> None:
-        """The job as a Spark Connect client in this worker; a non-zero exit fails the task, saying why."""
+        """The job as a Spark Connect client in this worker; a non-zero exit fails the task, saying why.
+
+        :param spark_conn: the task's Spark connection, one that names a Spark Connect server
+        """
         code = self.run_as_connect_client(spark_conn)
         if code != 0:
             raise self.job_failed(code)
 
     def run_submitted(self, context: Any) -> Any:
-        """The job through spark-submit (the provider's operator), prepared and put back around it."""
+        """The job through spark-submit (the provider's operator), prepared and put back around it.
+
+        :param context: the task's Airflow context, handed to the provider's execute
+        """
         with self.prepared_submit():
             try:
                 return super().execute(context)
@@ -113,6 +119,11 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
             return OperatorLineage()
 
     def job_failed(self, code: int) -> AirflowException:
+        """The task's failure for the job's non-zero exit code, saying what the code means
+        (`job_main.exit_meaning`: one table of exit codes for every job).
+
+        :param code: the job's exit code (spark-submit's, or main's over Spark Connect)
+        """
         import_jobs_package()
         from coldharbor.runtime.job_main import exit_meaning
 
@@ -122,7 +133,10 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
 
     def run_as_connect_client(self, spark_conn: Connection) -> int:
         """The job's main(argv) in this process, a client of the connection's Spark Connect server;
-        checks first (nothing has run when a piece is missing), returns the job's exit code."""
+        checks first (nothing has run when a piece is missing), returns the job's exit code.
+
+        :param spark_conn: the task's Spark connection, one that names a Spark Connect server
+        """
         dsn = ColdharborHook(self.coldharbor_conn_id).dsn()
         lake_root = resolve_lake_root(self.lake_root)
         url = connect_url(spark_conn)
@@ -183,6 +197,14 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
             self._hook = None
 
     def _apply(self, delivery: DsnDelivery, spark_conn: Connection, lake_root: str, folder: Path) -> None:
+        """Sets the provider's submit arguments for this run: the job's arguments, the packages, the
+        conf (the connection's, the DAG's, the DSN delivery's), the environment and the jobs' zip.
+
+        :param delivery: how this run hands the DSN to the driver (dsn_delivery)
+        :param spark_conn: the task's Spark connection (its extra's `conf`)
+        :param lake_root: the lake root the job is given (`resolve_lake_root`)
+        :param folder: the run's private folder (the zip of the jobs package goes there)
+        """
         from coldharbor.runtime.spark import ivy_dir, jvm_environment, maven_packages
 
         bin_dir = str(Path(sys.executable).parent)  # spark-submit of this environment comes first
@@ -228,7 +250,11 @@ def submit_exit_code(hook: SparkSubmitHook | None) -> int | None:
 def export_job_args(tables: list[str], spark_conn_id: str | None = None) -> list[list[str]]:
     """The export's mapped arguments for the tables with something to export: on a Spark Connect
     connection one task whose one session exports every dirty table (the job without --table,
-    each table's result logged and recorded); under spark-submit one task per table."""
+    each table's result logged and recorded); under spark-submit one task per table.
+
+    :param tables: the registered tables with something to export (the cdc DAG's probe)
+    :param spark_conn_id: the Spark connection the export runs on (default: Coldharbor's engine connection)
+    """
     if not tables:
         return []
     if runs_on_connect(engine_connection(spark_conn_id)):

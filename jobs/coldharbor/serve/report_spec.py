@@ -17,15 +17,15 @@ Targets come from an allow-list: the targets the report files declare, plus `adh
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
-from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
+from datetime import date
+from decimal import InvalidOperation
 from pathlib import Path
 
 from coldharbor.runtime.errors import ReportError
+from coldharbor.serve.param_values import DECIMAL, MAX_DECIMAL_PRECISION, PARSERS
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +36,8 @@ NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,47}")  # whole names only: fullmatc
 ADHOC_PREFIX = "adhoc_"
 _HEADER = re.compile(r"^--\s*([a-z_]+)\s*:\s*(.*?)\s*$")
 _PARAM = re.compile(r"^([a-z][a-z0-9_]*)\s+([a-z_]+(?:\(\s*[0-9]+\s*,\s*[0-9]+\s*\))?)(?:\s*=\s*(.*))?$")
-_DECIMAL = re.compile(r"^decimal\(\s*([0-9]+)\s*,\s*([0-9]+)\s*\)$")
 REFRESH_MODES = ("full", "incremental")
 HEADER_KEYS = ("report", "target", "sink", "schedule", "description", "start", "refresh", "param")
-MAX_DECIMAL_PRECISION = 38  # Spark's DecimalType.MAX_PRECISION
-MAX_DIGITS_CHECKED = 100  # digits a decimal parameter may carry before its precision is checked
 PARAM_TYPES = ("string", "int", "bigint", "double", "decimal", "boolean", "date", "timestamp")
 
 
@@ -56,98 +53,13 @@ class ParamSpec:
             raise ReportError(f"parameter {self.name}: the value holds a NUL character, which PostgreSQL text "
                               "(report tables, the run's record) cannot hold")
         try:
-            return _PARSERS[self.base_type](raw, self.type)
+            return PARSERS[self.base_type](raw, self.type)
         except (ValueError, InvalidOperation) as exc:
             raise ReportError(f"parameter {self.name}: {raw!r} is not a valid {self.type}") from exc
 
     @property
     def base_type(self) -> str:
         return "decimal" if self.type.startswith("decimal") else self.type
-
-
-# The forms a value may take, ASCII only (Python's own parsers also take 1_000, other scripts'
-# digits, ISO week dates and more): what is not one of them is refused, not guessed at.
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-_NOT_A_NUMBER = re.compile(r"[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
-_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
-_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}(?:[T ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,6})?)?)?"
-                        r"(?:Z|[+-][0-9]{2}(?::?[0-9]{2})?)?")
-
-
-_BLANKS = " \t\r\n"  # ASCII blanks only: no-break and other Unicode spaces are not stripped
-
-
-def _matching(pattern: re.Pattern, raw: str) -> str:
-    text = raw.strip(_BLANKS)
-    if not pattern.fullmatch(text):
-        raise ValueError("not of the form")
-    return text
-
-
-def _parse_decimal(raw: str, type_: str) -> Decimal:
-    value = Decimal(_matching(_NUMBER, raw))
-    match = _DECIMAL.match(type_)
-    if not match:  # a bare decimal keeps its digits: they must fit a Spark decimal
-        if value.is_zero():  # 0E-50 is zero: at most 38 places of it
-            value = Decimal(0).scaleb(-min(max(-value.as_tuple().exponent, 0), MAX_DECIMAL_PRECISION))
-        digits, exponent = len(value.as_tuple().digits), value.as_tuple().exponent
-        if max(digits + max(exponent, 0), -exponent) > MAX_DECIMAL_PRECISION:
-            raise ValueError("more digits than a Spark decimal holds")
-    else:
-        precision, scale = int(match[1]), int(match[2])
-        # Half up, as PostgreSQL's numeric and Spark's CAST round; the default context keeps 28
-        # digits, so a decimal(38,10) value of 30 digits needs a wider one.
-        value = value.quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_UP,
-                               context=Context(prec=MAX_DIGITS_CHECKED))
-        if len(value.as_tuple().digits) > precision:
-            raise ValueError("too many digits")
-    return value
-
-
-def _parse_double(raw: str, _type: str) -> float:
-    if _NOT_A_NUMBER.fullmatch(raw.strip(_BLANKS)):
-        return float(raw.strip(_BLANKS))
-    text = _matching(_NUMBER, raw)
-    value = float(text)
-    mantissa = text.lower().partition("e")[0]
-    if math.isinf(value) or (value == 0 and any(d in mantissa for d in "123456789")):
-        raise ValueError("out of the range of a double")
-    return value
-
-
-def _parse_bool(raw: str, _type: str) -> bool:
-    lowered = raw.strip(_BLANKS).lower()
-    if lowered in ("true", "t", "yes", "1"):
-        return True
-    if lowered in ("false", "f", "no", "0"):
-        return False
-    raise ValueError("not a boolean")
-
-
-def _parse_int(raw: str, type_: str) -> int:
-    value = int(_matching(_INTEGER, raw), 10)
-    bound = 2**31 if type_ == "int" else 2**63
-    if not -bound <= value < bound:
-        raise ValueError("out of range")
-    return value
-
-
-def _parse_timestamp(raw: str, _type: str) -> datetime:
-    value = datetime.fromisoformat(_matching(_TIMESTAMP, raw))
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-
-
-_PARSERS = {
-    "string": lambda raw, _t: raw,
-    "int": _parse_int,
-    "bigint": _parse_int,
-    "double": _parse_double,
-    "decimal": _parse_decimal,
-    "boolean": _parse_bool,
-    "date": lambda raw, _t: date.fromisoformat(_matching(_DATE, raw)),
-    "timestamp": _parse_timestamp,
-}
 
 
 class ParamValues(dict):
@@ -210,7 +122,7 @@ def parse_param(text: str) -> ParamSpec:
     base = "decimal" if type_.startswith("decimal") else type_
     if base not in PARAM_TYPES:
         raise ReportError(f"parameter {name}: type {type_!r} is not one of {', '.join(PARAM_TYPES)}")
-    decimal = _DECIMAL.match(type_)
+    decimal = DECIMAL.match(type_)
     if decimal and not (1 <= int(decimal[1]) <= MAX_DECIMAL_PRECISION and 0 <= int(decimal[2]) <= int(decimal[1])):
         raise ReportError(f"parameter {name}: type {type_!r} is not a decimal Spark holds: decimal(p,s) takes "
                           f"1 <= p <= {MAX_DECIMAL_PRECISION} digits, s of them after the point")

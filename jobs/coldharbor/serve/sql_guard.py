@@ -19,7 +19,7 @@ place where sqlglot and Spark would read the original text differently cannot sm
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import sqlglot
@@ -27,15 +27,15 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, SqlglotError, TokenError
 
 from coldharbor.capture.registry import RegisteredTable
-from coldharbor.runtime.errors import ReportError, one_line
-from coldharbor.serve.sql_check import ASCII_NAME, DIALECT, check_tree, snippet
+from coldharbor.runtime.errors import ReportError
+from coldharbor.serve.sql_check import DIALECT, check_tree, snippet
 from coldharbor.serve.sql_feeds import FeedCall, FeedPoint, take_feeds
+from coldharbor.serve.sql_names import check_cte_names, lookup, table_node, table_references, tables_by_name
 
 # sqlglot warns on stdout-bound logs when it falls back to a Command; the check reports it itself.
 logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
 VIEW_PREFIX = "_ch_view_"
-RESERVED_PREFIX = "_ch_"  # the views' and the lake's own names: no CTE may take one
 _TOO_DEEP = "the report's SQL is nested too deeply to be checked: simplify it"
 
 
@@ -96,7 +96,7 @@ def parse_query(text: str) -> ParsedQuery:
         tree = _parse_one(text)
         feeds = take_feeds(tree)
         check_tree(tree)
-        _check_cte_names(tree)
+        check_cte_names(tree)
         _check_parameter_columns(tree)
     except RecursionError:
         raise ReportError(_TOO_DEEP) from None
@@ -133,17 +133,17 @@ def resolve(parsed: ParsedQuery, registered: Iterable[RegisteredTable]) -> Check
 
 def _resolve(parsed: ParsedQuery, registered: Iterable[RegisteredTable]) -> CheckedQuery:
     tree = parsed.tree.copy()
-    by_name = _names(registered)
+    by_name = tables_by_name(registered)
     for cte in tree.find_all(exp.CTE):
         if cte.alias_or_name.lower() in by_name:
             raise ReportError(f"CTE {cte.alias_or_name} has the name of a registered table: rename it")
-    feeds = tuple(ResolvedFeed(f.view, _lookup(_named(f.name), by_name), f.start, f.end) for f in parsed.feeds)
+    feeds = tuple(ResolvedFeed(f.view, lookup(table_node(f.name), by_name), f.start, f.end) for f in parsed.feeds)
     feed_views = {f.view for f in feeds}
     used: dict[int, RegisteredTable] = {}
     for table in table_references(tree):
         if not (table.db or table.catalog) and table.name in feed_views:
             continue
-        match = _lookup(table, by_name)
+        match = lookup(table, by_name)
         used.setdefault(match.table_id, match)
         # In place, so that what hangs off the reference (its alias, alias columns) stays.
         if not table.alias:
@@ -187,19 +187,6 @@ def _bound_sizes(tree: exp.Query) -> None:
             args[1].replace(guarded(args[1].copy(), args[1].copy()))
 
 
-def _named(parts: tuple[str, ...]) -> exp.Table:
-    return exp.Table(this=exp.to_identifier(parts[-1]), db=exp.to_identifier(parts[0]) if len(parts) == 2 else None)
-
-
-def table_references(tree: exp.Expression) -> Iterator[exp.Table]:
-    """Every table reference that is not a CTE in scope where it stands (Spark's scoping: a CTE is
-    seen by the query it belongs to and by the CTEs after it in the same WITH)."""
-    for table in list(tree.find_all(exp.Table)):
-        if not (table.db or table.catalog) and _cte_in_scope(table):
-            continue
-        yield table
-
-
 def _parse_one(text: str) -> exp.Query:
     if not text or not text.strip():
         raise ReportError("the report has no SQL")
@@ -235,64 +222,6 @@ def _statement_kind(tree: exp.Expression) -> str:
     return tree.key.upper()
 
 
-def _check_cte_names(tree: exp.Expression) -> None:
-    seen: set[str] = set()
-    for cte in tree.find_all(exp.CTE):
-        name = cte.alias_or_name
-        if not ASCII_NAME.fullmatch(name):
-            raise ReportError(f"CTE name {name!r} is not allowed: use letters, digits and _")
-        if name.lower().startswith(RESERVED_PREFIX):
-            raise ReportError(f"CTE name {name} is not allowed: the prefix {RESERVED_PREFIX} is reserved")
-        if name.lower() in seen:
-            raise ReportError(f"CTE name {name} is defined twice: give each CTE its own name")
-        seen.add(name.lower())
-
-
-def _cte_in_scope(table: exp.Table) -> bool:
-    name = table.name.lower()
-    child, node = table, table.parent
-    while node is not None:
-        if isinstance(node, exp.With) and isinstance(child, exp.CTE):
-            earlier = node.expressions[: node.expressions.index(child)]
-            if name in {c.alias_or_name.lower() for c in earlier}:
-                return True
-        elif isinstance(node.args.get("with_"), exp.With) and child is not node.args["with_"]:
-            if name in {c.alias_or_name.lower() for c in node.args["with_"].expressions}:
-                return True
-        child, node = node, node.parent
-    return False
-
-
-def _lookup(table: exp.Table, by_name: Mapping[str, list[RegisteredTable]]) -> RegisteredTable:
-    """The registered table a reference names. Spark folds the case of names, so a reference matches
-    every table whose name differs only in case; among several, the one spelled exactly as written
-    (`public.CaseT` is "CaseT", `public.caset` is caset), else it is refused."""
-    written = [p for p in (table.catalog, table.db, table.name) if p]
-    key = ".".join(written).lower()
-    candidates = by_name.get(key, [])
-    if not candidates:
-        raise ReportError(f"table {one_line(key)} is not a registered table (registered: {_some(by_name)})")
-    if len(candidates) > 1:
-        exact = [t for t in candidates
-                 if [t.schema_name, t.table_name][-len(written):] == written]
-        if len(exact) != 1:
-            spellings = " and ".join(one_line(t.qualified_name) for t in candidates)
-            if len({t.table_name for t in candidates}) < len(candidates):
-                raise ReportError(f"table name {one_line(key)} is ambiguous ({spellings}): qualify it")
-            raise ReportError(f"table name {one_line('.'.join(written))} is ambiguous: registered tables {spellings} "
-                              "differ only in case; write the name in its exact case")
-        return exact[0]
-    return candidates[0]
-
-
-def _some(by_name: Mapping[str, list[RegisteredTable]], shown: int = 10) -> str:
-    """The first registered names, on one line (a name may hold a newline), and how many more."""
-    names = sorted(one_line(n) for n in by_name if "." in n)
-    if not names:
-        return "none"
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
-
-
 def _regenerate(tree: exp.Query, views: set[str]) -> str:
     """The SQL Spark runs, generated from the checked tree; it must parse back to a tree that
     passes the same checks, reads only these views, and generates the same text."""
@@ -302,7 +231,7 @@ def _regenerate(tree: exp.Query, views: set[str]) -> str:
         raise ReportError(f"the report's SQL cannot be written back for Spark: {_first_line(exc)}") from exc
     again = _parse_one(sql)
     check_tree(again, guard_calls=True)
-    _check_cte_names(again)
+    check_cte_names(again)
     for table in table_references(again):
         if table.db or table.catalog or table.name not in views:
             raise ReportError(f"the report's SQL does not survive its own rewrite: {snippet(table)}")
@@ -317,15 +246,6 @@ def spark_sql_of(tree: exp.Expression) -> str | None:
         return tree.sql(dialect=DIALECT, identify=True, comments=False)
     except (SqlglotError, ValueError):
         return None
-
-
-def _names(registered: Iterable[RegisteredTable]) -> Mapping[str, list[RegisteredTable]]:
-    """The tables each lower-case name may mean: schema.table, and the bare table name."""
-    names: dict[str, list[RegisteredTable]] = {}
-    for table in registered:
-        names.setdefault(table.qualified_name.lower(), []).append(table)
-        names.setdefault(table.table_name.lower(), []).append(table)
-    return names
 
 
 def _first_line(exc: Exception) -> str:

@@ -10,7 +10,8 @@ from coldharbor.runtime.errors import ReportError
 from coldharbor.runtime.settings import PROJECT_DIR
 from coldharbor.serve.report_spec import load_reports, parse_report
 from coldharbor.serve.sql_check import DIALECT
-from coldharbor.serve.sql_guard import check_query, parse_query, table_references
+from coldharbor.serve.sql_guard import check_query, parse_query
+from coldharbor.serve.sql_names import table_references
 from sqlglot import exp
 
 from tests.report_corpus import REGISTERED, fill, hostile, legitimate

@@ -17,8 +17,8 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
 
 from coldharbor_airflow.hooks import DEFAULT_CONN_ID, ColdharborHook
-from coldharbor_airflow.operators import resolve_lake_root
 from coldharbor_airflow.paths import import_jobs_package
+from coldharbor_airflow.submit_settings import resolve_lake_root
 
 
 class LakeCoversAsOfSensor(BaseSensorOperator):

@@ -71,7 +71,7 @@ def test_missing_lake_root_names_the_variable(airflow_home, spark, pg_conn, dirt
 
 
 def test_lake_root_comes_from_the_airflow_variable(airflow_home, monkeypatch):
-    from coldharbor_airflow.operators import resolve_lake_root
+    from coldharbor_airflow.submit_settings import resolve_lake_root
 
     monkeypatch.delenv("COLDHARBOR_LAKE_ROOT", raising=False)
     monkeypatch.setenv("AIRFLOW_VAR_COLDHARBOR_LAKE_ROOT", "s3a://lake-bucket/lake")
@@ -94,7 +94,7 @@ def test_spark_master_down_is_named_before_anything_is_submitted(airflow_home, s
 def test_spark_conf_comes_from_the_connection_extra(airflow_home, monkeypatch):
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowException
-    from coldharbor_airflow.operators import connection_conf
+    from coldharbor_airflow.submit_settings import connection_conf
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_S3", json.dumps({
         "conn_type": "spark", "host": "local[1]",

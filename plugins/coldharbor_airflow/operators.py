@@ -210,7 +210,8 @@ class ColdharborSparkJobOperator(SparkSubmitOperator):
         :param lake_root: the lake root the job is given (`resolve_lake_root`)
         :param folder: the run's private folder (the zip of the jobs package goes there)
         """
-        from coldharbor.runtime.spark import ivy_dir, jvm_environment, maven_packages
+        from coldharbor.runtime.jvm_locale import jvm_environment
+        from coldharbor.runtime.spark import ivy_dir, maven_packages
 
         bin_dir = str(Path(sys.executable).parent)  # spark-submit of this environment comes first
         self.application_args = [*self.job_args, "--lake-root", lake_root]

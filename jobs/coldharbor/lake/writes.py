@@ -16,8 +16,8 @@ from pyspark.sql.types import StructType
 from coldharbor.lake import lake_store
 from coldharbor.lake.delta import lake_error, path_identifier, reaching
 from coldharbor.lake.lake_rows import BATCH_ID, CHANGED_AT, METADATA_COLUMNS, SEQ, SETTLED, column, quoted
-from coldharbor.runtime import spark as spark_sessions
 from coldharbor.runtime.errors import ConfigError, LakeUnavailableError
+from coldharbor.runtime.jvm_locale import require_utf8_file_names
 
 # A file the export writes and removes to prove the lake is writable; hidden from VACUUM by its
 # leading underscore, so cleanup removes the ones killed exports left.
@@ -27,7 +27,7 @@ WRITE_PROBE = "_coldharbor_write_probe"
 def ensure_writable(spark: SparkSession, path: str) -> None:
     """Creates the table folder if needed and proves a file can be written there, under its own
     name by Spark too."""
-    spark_sessions.require_utf8_file_names(spark, path)
+    require_utf8_file_names(spark, path)
     try:
         lake_store.probe_writable(path, WRITE_PROBE)
     except LakeUnavailableError as exc:

@@ -96,8 +96,8 @@ def check_bind(address: str, private_network: bool) -> None:
 
 def server_env(bind: str) -> dict[str, str]:
     """spark-submit's environment: this environment's bin first (its Python and Spark), and a
-    driver that stays on loopback when the server does, and a UTF-8 locale (spark.jvm_environment)."""
-    from coldharbor.runtime.spark import jvm_environment
+    driver that stays on loopback when the server does, and a UTF-8 locale (jvm_locale.jvm_environment)."""
+    from coldharbor.runtime.jvm_locale import jvm_environment
 
     env = {**jvm_environment(os.environ), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     if _is_loopback(bind):

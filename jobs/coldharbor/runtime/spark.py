@@ -8,7 +8,6 @@ of that long-lived server: the same DataFrame/SQL code either way.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import threading
 import weakref
@@ -17,7 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from coldharbor.runtime import settings
-from coldharbor.runtime.errors import ConfigError, SparkUnavailableError
+from coldharbor.runtime.errors import SparkUnavailableError
+from coldharbor.runtime.jvm_locale import jvm_environment
 from coldharbor.runtime.spark_errors import first_line, lost_spark
 
 # Settings a session may change for itself: every job sets them on its own session, so a Connect
@@ -108,57 +108,6 @@ def connect_server_command(port: int, master: str = "local[2]", host: str = "127
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]
     return [*command, "spark-internal"]
-
-
-# A JVM names files in its locale's encoding (sun.jnu.encoding): under LC_ALL=C, or a UTF-8
-# locale the machine lacks, it is ASCII and a table folder named "tü" is written as "t?", which
-# another table's folder ("tö") is too.
-JVM_LOCALE = "C.UTF-8"
-
-
-def jvm_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """`env` for a JVM Coldharbor starts (a classic session's, the Connect server's, spark-submit's):
-    its own locale when that is a UTF-8 one this machine has, else LC_ALL=C.UTF-8."""
-    env = dict(env)
-    current = env.get("LC_ALL") or env.get("LC_CTYPE") or env.get("LANG") or ""
-    if not (_names_utf8(current) and _usable_locale(current)):
-        env["LC_ALL"] = JVM_LOCALE
-    return env
-
-
-def _names_utf8(name: str) -> bool:
-    return bool(re.search(r"\.utf-?8(@|$)", name, re.IGNORECASE))
-
-
-def _usable_locale(name: str) -> bool:
-    import locale
-
-    with _LOCALE_LOCK:
-        previous = locale.setlocale(locale.LC_CTYPE)
-        try:
-            locale.setlocale(locale.LC_CTYPE, name)
-        except locale.Error:
-            return False
-        finally:
-            locale.setlocale(locale.LC_CTYPE, previous)
-    return True
-
-
-_LOCALE_LOCK = threading.Lock()
-
-
-def require_utf8_file_names(spark, path: str) -> None:
-    """ConfigError unless Spark's JVM writes `path`, which is not plain ASCII, under its own name:
-    a JVM started outside Coldharbor (spark-submit from a shell with LC_ALL=C, a cluster's
-    executors) may encode file names in ASCII. Asked in a task, where the files are written."""
-    if path.isascii():
-        return
-    encoding = spark.sql("SELECT reflect('java.lang.System', 'getProperty', 'sun.jnu.encoding') AS e").first()[0]
-    if (encoding or "").replace("-", "").upper() != "UTF8":
-        raise ConfigError(
-            f"Spark's JVM encodes file names as {encoding}, so the lake folder {path} would be written under "
-            "another name (each character outside ASCII becomes '?'); start Spark (spark-submit, the Connect "
-            f"server, the executors) with a UTF-8 locale, e.g. LC_ALL={JVM_LOCALE}")
 
 
 def spark_submit() -> str:

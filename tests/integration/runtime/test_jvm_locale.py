@@ -1,7 +1,7 @@
 """File names outside ASCII: a JVM whose locale is not UTF-8 (LC_ALL=C, common in containers and
 CI) writes a table folder "tü" as "t?", which "tö" shares. Found by a cold attack: two tables'
 batches landed in one Delta table. Every JVM Coldharbor starts gets a UTF-8 locale
-(spark.jvm_environment); a JVM started by someone else with an ASCII one is refused, one line,
+(jvm_locale.jvm_environment); a JVM started by someone else with an ASCII one is refused, one line,
 before anything is written."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ server."""
 from __future__ import annotations
 
 import pytest
-from coldharbor.runtime import settings, spark, spark_errors
+from coldharbor.runtime import jvm_locale, settings, spark, spark_errors
 from coldharbor.runtime.errors import ConfigError, SparkUnavailableError
 
 
@@ -93,12 +93,12 @@ def test_a_lost_server_is_one_error_naming_it_only_on_connect(monkeypatch):
     ({"LC_ALL": "C", "LC_CTYPE": "C.UTF-8"}, "C.UTF-8"),  # LC_ALL wins in the JVM too
 ])
 def test_every_jvm_coldharbor_starts_gets_a_utf8_locale(env, locale):
-    assert spark.jvm_environment(env)["LC_ALL"] == locale
+    assert jvm_locale.jvm_environment(env)["LC_ALL"] == locale
 
 
 def test_a_usable_utf8_locale_is_left_alone():
-    assert "LC_ALL" not in spark.jvm_environment({"LC_CTYPE": "C.UTF-8", "LANG": "C"})
-    assert spark.jvm_environment({"LANG": "C.utf8", "X": "1"}) == {"LANG": "C.utf8", "X": "1"}
+    assert "LC_ALL" not in jvm_locale.jvm_environment({"LC_CTYPE": "C.UTF-8", "LANG": "C"})
+    assert jvm_locale.jvm_environment({"LANG": "C.utf8", "X": "1"}) == {"LANG": "C.utf8", "X": "1"}
 
 
 @pytest.mark.parametrize("name, raw, message", [

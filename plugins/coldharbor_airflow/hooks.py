@@ -21,6 +21,77 @@ LAGGING_SINCE = """
                                                    t.registered_at) END AS pending_since) p
                   CROSS JOIN LATERAL (SELECT least(d.oldest, p.pending_since) AS since) l"""
 
+# The health page's row of each table: its backlog and lag, its last export (and last export of
+# changes, not a base), compaction, cleanup and verify, its load state, its landing backlog
+# (lake-first), and whether the table its name now means is not the one registered.
+TABLE_HEALTH = f"""
+            SELECT t.table_id, t.schema_name || '.' || t.table_name AS name, t.schema_name, t.table_name,
+                   t.lake_location,
+                   d.dirty_rows, extract(epoch FROM now() - l.since) AS freshness_lag_s,
+                   coalesce(l.since = p.pending_since, false) AS base_lagging,
+                   extract(epoch FROM t.freshness) AS freshness_promise_s,
+                   e.batch_id AS last_batch, e.finished_at AS last_export_at, e.lake_version AS last_export_version,
+                   e.row_count AS last_export_rows,
+                   x.row_count AS last_change_export_rows, x.finished_at AS last_change_export_at,
+                   extract(epoch FROM x.finished_at - x.started_at) AS last_change_export_duration_s,
+                   c.finished_at AS last_compaction_at, c.state AS last_compaction_state,
+                   c.detail AS last_compaction_detail,
+                   k.finished_at AS last_cleanup_at, k.state AS last_cleanup_state,
+                   t.load_state, t.loaded_at, t.base_rows, t.base_at, t.rebase_reason,
+                   t.mode, coldharbor.landing_rows(t.table_id) AS landing_rows,
+                   t.source_kind = 'table' AND r.rel IS NOT NULL
+                       AND (t.dropped_at IS NOT NULL OR t.relid <> r.rel) AS replaced,
+                   v.finished_at AS last_verify_at, v.state AS last_verify_state,
+                   v.detail ->> 'result' AS last_verify_result
+              FROM coldharbor.tables t
+              CROSS JOIN LATERAL (SELECT to_regclass(quote_ident(t.schema_name) || '.'
+                                                     || quote_ident(t.table_name))::oid AS rel) r
+              LEFT JOIN LATERAL (SELECT count(*) AS dirty_rows, min(created_at) AS oldest
+                                   FROM coldharbor.change_log
+                                  WHERE table_id = t.table_id AND flushed_at IS NULL) d ON true
+              {LAGGING_SINCE}
+              LEFT JOIN LATERAL (SELECT batch_id, finished_at, lake_version, row_count
+                                   FROM coldharbor.export_batches
+                                  WHERE table_id = t.table_id AND state = 'flushed'
+                                  ORDER BY batch_id DESC LIMIT 1) e ON true
+              LEFT JOIN LATERAL (SELECT started_at, finished_at, row_count  -- not a base (load, resync)
+                                   FROM coldharbor.export_batches
+                                  WHERE table_id = t.table_id AND state = 'flushed' AND kind = 'changes'
+                                  ORDER BY batch_id DESC LIMIT 1) x ON true
+              LEFT JOIN LATERAL (SELECT finished_at, state, detail FROM coldharbor.maintenance_runs
+                                  WHERE table_id = t.table_id AND kind = 'compact'
+                                  ORDER BY started_at DESC LIMIT 1) c ON true
+              LEFT JOIN LATERAL (SELECT finished_at, state FROM coldharbor.maintenance_runs
+                                  WHERE table_id = t.table_id AND kind = 'cleanup'
+                                  ORDER BY started_at DESC LIMIT 1) k ON true
+              LEFT JOIN LATERAL (SELECT finished_at, state, detail FROM coldharbor.maintenance_runs
+                                  WHERE table_id = t.table_id AND kind = 'verify'
+                                  ORDER BY started_at DESC LIMIT 1) v ON true
+             ORDER BY t.table_id"""
+
+# The last report runs. An as-of a run was refused for may lie beyond what Python's datetime holds
+# (year 10000): shown as none.
+RECENT_RUNS = """SELECT run_id, report, target, mode, state, degraded,
+                 CASE WHEN as_of BETWEEN '0001-01-02' AND '9999-12-30' THEN as_of END AS as_of,
+                 row_count,
+                 started_at, finished_at, error
+            FROM coldharbor.report_runs ORDER BY started_at DESC LIMIT %s"""
+
+# The health samples of the last 24 hours; a clock stepped back may have left samples in the
+# future: not shown.
+RECENT_SAMPLES = """SELECT s.table_id, s.sampled_at, s.export_status, s.export_rows, s.export_s,
+                     s.dirty_rows, s.lag_s
+                FROM coldharbor.health_samples s JOIN coldharbor.tables t USING (table_id)
+               WHERE s.sampled_at > now() - interval '24 hours' AND s.sampled_at <= now()
+               ORDER BY s.table_id, s.sampled_at"""
+
+
+def _dicts(conn, query: str, params: tuple = ()) -> list[dict[str, Any]]:
+    """The rows of a query, each a dict by column name."""
+    cur = conn.execute(query, params)
+    names = [d.name for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
 
 class ColdharborHook(BaseHook):
     """psycopg 3 connections to the hot tier built from an Airflow connection (Postgres type)."""
@@ -137,7 +208,7 @@ class ColdharborHook(BaseHook):
         unexported change's transaction start, or since when its base is pending: `LAGGING_SINCE`),
         pending (whether that base is what the lake lacks), most lagging first."""
         with self.connect() as conn:
-            cur = conn.execute(f"""
+            return _dicts(conn, f"""
                 SELECT t.schema_name || '.' || t.table_name AS name, extract(epoch FROM now() - l.since) AS lag_s,
                        extract(epoch FROM t.freshness) AS promise_s, l.since AS oldest,
                        l.since IS NOT DISTINCT FROM p.pending_since AS pending
@@ -147,77 +218,16 @@ class ColdharborHook(BaseHook):
                   {LAGGING_SINCE}
                  WHERE extract(epoch FROM now() - l.since) > extract(epoch FROM t.freshness)  -- as the page
                  ORDER BY l.since, t.table_id""")
-            names = [d.name for d in cur.description]
-            return [dict(zip(names, row)) for row in cur.fetchall()]
 
     def health(self, recent_runs: int = 10, with_samples: bool = True) -> dict[str, Any]:
         """The figures of the health page, per table (with its health samples of the last 24 hours)
         and for recent report runs, from PostgreSQL."""
+        samples: dict[int, list[dict[str, Any]]] = {}
         with self.connect() as conn:
-            cur = conn.execute(f"""
-                SELECT t.table_id, t.schema_name || '.' || t.table_name AS name, t.schema_name, t.table_name,
-                       t.lake_location,
-                       d.dirty_rows, extract(epoch FROM now() - l.since) AS freshness_lag_s,
-                       coalesce(l.since = p.pending_since, false) AS base_lagging,
-                       extract(epoch FROM t.freshness) AS freshness_promise_s,
-                       e.batch_id AS last_batch, e.finished_at AS last_export_at, e.lake_version AS last_export_version,
-                       e.row_count AS last_export_rows,
-                       x.row_count AS last_change_export_rows, x.finished_at AS last_change_export_at,
-                       extract(epoch FROM x.finished_at - x.started_at) AS last_change_export_duration_s,
-                       c.finished_at AS last_compaction_at, c.state AS last_compaction_state,
-                       c.detail AS last_compaction_detail,
-                       k.finished_at AS last_cleanup_at, k.state AS last_cleanup_state,
-                       t.load_state, t.loaded_at, t.base_rows, t.base_at, t.rebase_reason,
-                       t.mode, coldharbor.landing_rows(t.table_id) AS landing_rows,
-                       t.source_kind = 'table' AND r.rel IS NOT NULL
-                           AND (t.dropped_at IS NOT NULL OR t.relid <> r.rel) AS replaced,
-                       v.finished_at AS last_verify_at, v.state AS last_verify_state,
-                       v.detail ->> 'result' AS last_verify_result
-                  FROM coldharbor.tables t
-                  CROSS JOIN LATERAL (SELECT to_regclass(quote_ident(t.schema_name) || '.'
-                                                         || quote_ident(t.table_name))::oid AS rel) r
-                  LEFT JOIN LATERAL (SELECT count(*) AS dirty_rows, min(created_at) AS oldest
-                                       FROM coldharbor.change_log
-                                      WHERE table_id = t.table_id AND flushed_at IS NULL) d ON true
-                  {LAGGING_SINCE}
-                  LEFT JOIN LATERAL (SELECT batch_id, finished_at, lake_version, row_count
-                                       FROM coldharbor.export_batches
-                                      WHERE table_id = t.table_id AND state = 'flushed'
-                                      ORDER BY batch_id DESC LIMIT 1) e ON true
-                  LEFT JOIN LATERAL (SELECT started_at, finished_at, row_count  -- not a base (load, resync)
-                                       FROM coldharbor.export_batches
-                                      WHERE table_id = t.table_id AND state = 'flushed' AND kind = 'changes'
-                                      ORDER BY batch_id DESC LIMIT 1) x ON true
-                  LEFT JOIN LATERAL (SELECT finished_at, state, detail FROM coldharbor.maintenance_runs
-                                      WHERE table_id = t.table_id AND kind = 'compact'
-                                      ORDER BY started_at DESC LIMIT 1) c ON true
-                  LEFT JOIN LATERAL (SELECT finished_at, state FROM coldharbor.maintenance_runs
-                                      WHERE table_id = t.table_id AND kind = 'cleanup'
-                                      ORDER BY started_at DESC LIMIT 1) k ON true
-                  LEFT JOIN LATERAL (SELECT finished_at, state, detail FROM coldharbor.maintenance_runs
-                                      WHERE table_id = t.table_id AND kind = 'verify'
-                                      ORDER BY started_at DESC LIMIT 1) v ON true
-                 ORDER BY t.table_id""")
-            names = [d.name for d in cur.description]
-            tables = [dict(zip(names, row)) for row in cur.fetchall()]
-            # An as-of a run was refused for may lie beyond what Python's datetime holds (year 10000).
-            cur = conn.execute("""SELECT run_id, report, target, mode, state, degraded,
-                                         CASE WHEN as_of BETWEEN '0001-01-02' AND '9999-12-30' THEN as_of END AS as_of,
-                                         row_count,
-                                         started_at, finished_at, error
-                                    FROM coldharbor.report_runs ORDER BY started_at DESC LIMIT %s""", (recent_runs,))
-            names = [d.name for d in cur.description]
-            runs = [dict(zip(names, row)) for row in cur.fetchall()]
-            samples: dict[int, list[dict[str, Any]]] = {}
-            if with_samples:  # a clock stepped back may have left samples in the future: not shown
-                cur = conn.execute("""SELECT s.table_id, s.sampled_at, s.export_status, s.export_rows, s.export_s,
-                                             s.dirty_rows, s.lag_s
-                                        FROM coldharbor.health_samples s JOIN coldharbor.tables t USING (table_id)
-                                       WHERE s.sampled_at > now() - interval '24 hours' AND s.sampled_at <= now()
-                                       ORDER BY s.table_id, s.sampled_at""")
-                names = [d.name for d in cur.description]
-                for row in cur.fetchall():
-                    samples.setdefault(row[0], []).append(dict(zip(names, row)))
+            tables = _dicts(conn, TABLE_HEALTH)
+            runs = _dicts(conn, RECENT_RUNS, (recent_runs,))
+            for sample in _dicts(conn, RECENT_SAMPLES) if with_samples else []:
+                samples.setdefault(sample["table_id"], []).append(sample)
             now = conn.execute("SELECT now()").fetchone()[0]
         return {"tables": tables, "report_runs": runs, "samples": samples, "now": now}
 
@@ -225,7 +235,7 @@ class ColdharborHook(BaseHook):
         """Per report with a run on record: runs and failed runs started in the last 24 hours, and
         the state and duration of its last finished run (the metrics' report gauges)."""
         with self.connect() as conn:
-            cur = conn.execute("""
+            return _dicts(conn, """
                 SELECT r.report, r.runs_24h, r.failed_24h, l.state AS last_state, l.duration_s AS last_duration_s
                   FROM (SELECT report, count(*) FILTER (WHERE started_at > now() - interval '24 hours') AS runs_24h,
                                count(*) FILTER (WHERE started_at > now() - interval '24 hours'
@@ -236,5 +246,3 @@ class ColdharborHook(BaseHook):
                                       WHERE report = r.report AND finished_at IS NOT NULL
                                       ORDER BY started_at DESC LIMIT 1) l ON true
                  ORDER BY r.report""")
-            names = [d.name for d in cur.description]
-            return [dict(zip(names, row)) for row in cur.fetchall()]

@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 from coldharbor.capture import registry
-from coldharbor.export.export_job import ExportConfig, export_table
+from coldharbor.export.table_export import ExportConfig, export_table
 from coldharbor.runtime import pg
 
 from bench.common import Row, median, render, temporary_postgres, timed

@@ -69,7 +69,7 @@ def capture_overhead(dsn: str, single_n: int, bulk_n: int, rounds: int) -> list[
 def export_throughput(dsn: str, lake_root: str, keys: int, per_key: int) -> list[Row]:
     from coldharbor.capture.registry import load
     from coldharbor.export import export_job as export_job
-    from coldharbor.export.export_job import ExportConfig, export_table
+    from coldharbor.export.table_export import ExportConfig, export_table
     from coldharbor.runtime.spark import get_session
 
     os.environ["COLDHARBOR_PG_DSN"] = dsn

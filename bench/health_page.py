@@ -62,7 +62,8 @@ def page_seconds(repeats: int) -> float:
 
 def sample_seconds(dsn: str, repeats: int) -> float:
     from coldharbor.capture import registry
-    from coldharbor.export.export_job import TableResult, record_samples
+    from coldharbor.export.export_job import record_samples
+    from coldharbor.export.table_export import TableResult
 
     with pg.connect(dsn) as conn:
         tables = registry.load(conn)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psycopg
 from coldharbor.capture import registry
-from coldharbor.export.export_job import ExportConfig, export_table
+from coldharbor.export.table_export import ExportConfig, export_table
 from coldharbor.runtime import pg
 from coldharbor.serve import incremental_changes, serve_cli
 from psycopg import sql

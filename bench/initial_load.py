@@ -22,7 +22,7 @@ import time
 
 import psycopg
 from coldharbor.capture import registry
-from coldharbor.export.export_job import ExportConfig, export_table
+from coldharbor.export.table_export import ExportConfig, export_table
 from coldharbor.maintenance import verify
 from coldharbor.runtime import pg
 

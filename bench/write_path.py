@@ -15,7 +15,7 @@ import tempfile
 
 import psycopg
 from coldharbor.capture import registry
-from coldharbor.export.export_job import ExportConfig, export_table
+from coldharbor.export.table_export import ExportConfig, export_table
 from coldharbor.runtime import pg
 from coldharbor.runtime.settings import PROJECT_DIR
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 from coldharbor.capture import migrate, registry, roles, table_names
-from coldharbor.export.export_job import ExportConfig, TableResult, export_table
+from coldharbor.export.table_export import ExportConfig, TableResult, export_table
 from coldharbor.lake.lake_rows import live_rows
 from coldharbor.runtime import faults, pg
 

@@ -114,6 +114,10 @@ def test_one_dag_per_file_each_with_its_docstring_and_the_exports_asset_defined_
 
 def test_every_job_s_main_goes_through_the_one_run_job():
     """Logging, the one line of a failure and the exit code are job_main.run_job's, for every job."""
+    helper = ast.parse((PACKAGE / "capture" / "table_job.py").read_text())
+    [table_job_main] = [n for n in helper.body if isinstance(n, ast.FunctionDef) and n.name == "table_job_main"]
+    assert "run_job" in [n.func.id for n in ast.walk(table_job_main)
+                         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
     modules = {m for path in (PROJECT / "jobs").glob("*.py") for _, m in imported_modules(path)}
     modules.add("coldharbor.capture.migrate")
     assert len(modules) == 9
@@ -121,4 +125,27 @@ def test_every_job_s_main_goes_through_the_one_run_job():
         tree = ast.parse((PACKAGE.parent / (module.replace(".", "/") + ".py")).read_text())
         [main] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
         calls = [n.func.id for n in ast.walk(main) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
-        assert "run_job" in calls, module
+        # table_job_main is run_job around one_table, for the jobs over one table
+        assert "run_job" in calls or "table_job_main" in calls, module
+
+
+def test_every_spark_job_has_the_one_shape():
+    """Each job behind an entrypoint of jobs/: `parse_args(argv)` -> a frozen config dataclass,
+    `run(spark, conn, config, ...)` -> its exit code (anything after config has a default), and
+    `main(argv)`, so a newcomer reads every job the same way and a test can call `run` directly."""
+    import dataclasses
+    import importlib
+    import inspect
+
+    modules = sorted({m for path in (PROJECT / "jobs").glob("*.py") for _, m in imported_modules(path)})
+    assert len(modules) == 8
+    for module in modules:
+        job = importlib.import_module(module)
+        config_type = getattr(job, inspect.signature(job.parse_args).return_annotation)
+        assert dataclasses.is_dataclass(config_type) and config_type.__dataclass_params__.frozen, module
+        run = inspect.signature(job.run)
+        assert list(run.parameters)[:3] == ["spark", "conn", "config"], module
+        assert run.parameters["config"].annotation == config_type.__name__, module
+        assert all(p.default is not inspect.Parameter.empty for p in list(run.parameters.values())[3:]), module
+        assert run.return_annotation == "int", module
+        assert list(inspect.signature(job.main).parameters) == ["argv"], module

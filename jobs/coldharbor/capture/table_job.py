@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -10,6 +10,7 @@ import psycopg
 from coldharbor.capture import registry
 from coldharbor.capture.registry import RegisteredTable
 from coldharbor.runtime import pg, settings
+from coldharbor.runtime.job_main import run_job
 
 
 def registered(conn: psycopg.Connection, table_name: str) -> RegisteredTable:
@@ -35,3 +36,15 @@ def one_table(table_name: str, app_name: str) -> Iterator[tuple]:
         from coldharbor.runtime.spark import get_session  # after the look-up: no JVM for an unknown table
 
         yield get_session(app_name), conn
+
+
+def table_job_main(name: str, argv: list[str], parse_args: Callable, run: Callable, **run_job_options) -> int:
+    """main() of a job over one registered table (`config.table`): its configuration, then its
+    `run(spark, conn, config)` with the table's Spark session and connection (`one_table`), through
+    `run_job` (which `run_job_options` go to)."""
+    def body() -> int:
+        config = parse_args(argv)
+        with one_table(config.table, f"coldharbor-{name}") as (spark, conn):
+            return run(spark, conn, config)
+
+    return run_job(name, body, **run_job_options)

@@ -31,8 +31,6 @@ from coldharbor.capture import migrate, roles
 from coldharbor.embedded.postgres import EmbeddedPostgres, new_password
 from coldharbor.runtime import pg, settings
 
-log = logging.getLogger(__name__)
-
 PG_PORT = int(os.environ.get("COLDHARBOR_PG_PORT", "54329"))
 ENV_FILE = settings.DATA_DIR / "coldharbor.env"              # the jobs' settings: `make export` sources it
 SETUP_ENV_FILE = settings.DATA_DIR / "coldharbor-setup.env"  # set-up's secrets: never given to a job

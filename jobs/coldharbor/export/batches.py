@@ -7,7 +7,6 @@ run that died after the commit can be finished by the next one.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -17,8 +16,6 @@ from psycopg import sql
 from coldharbor.capture.registry import RegisteredTable
 from coldharbor.export import hot_reader
 from coldharbor.runtime import faults
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

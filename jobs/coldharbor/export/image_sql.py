@@ -110,30 +110,12 @@ def _chained(typed_keys: sql.Composable) -> sql.Composable:
         after=after)
 
 
-def exact_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], changed_at: sql.Composable,
-                       relation: sql.Composable | None, share: sql.Composable) -> sql.Composed:
-    """`dirty_images_query` for a table with exact history (sql/migrations/021): besides one row per dirty key
-    (its image now, as for any table), one row per earlier change of the key in the batch, the row
-    as that change left it (its logged image; a delete marker for a delete), with the change's own
-    sequence and time. Each row's `_ch_first_changed_at` is the first change since the key's
-    previous row in the batch: a change with no usable image (`_image_usable`) joins the span of
-    the row after it, which an as-of report then refuses inside, as it does for every table.
-
-    A key's images stand only when its logged changes chain (`_chained`): capture logs in the order
-    statements finish, and a nested write (an application's trigger, a volatile function) can log
-    an older image after a newer one (sql/migrations/024). A key whose chain breaks writes only its newest
-    row, read from the table, spanning all of its changes in the batch."""
-    keys = [c for c in columns if c.is_key]
-    typed_keys = sql.SQL(", ").join(key_column(i) for i in range(len(keys)))
-
-    def final_value(c: LakeColumn) -> sql.Composable:
-        return (sql.SQL("d.{}").format(key_column(keys.index(c))) if c.is_key
-                else sql.SQL("t.{}").format(sql.Identifier(c.name)))
-
-    def history_value(c: LakeColumn) -> sql.Composable:
-        return (sql.SQL("h.{}").format(key_column(keys.index(c))) if c.is_key else logged_image_value(c, "h.image"))
-
-    return sql.SQL("""
+# Exact history's rows of a batch (`exact_images_query`): each logged change of a dirty key with
+# its image and hashes (`logged`), whether it is the key's newest and whether its key's changes
+# chain (`changes`), which earlier changes become rows of their own (`rows_of`), the span of changes
+# each row stands for (`numbered`, `spans`); then the newest row of each key read from the table,
+# and one row per earlier change from its logged image.
+_EXACT_IMAGES = """
         WITH logged AS (
             SELECT {key_values}, c.id, {change_time} AS change_at, c.op,
                    CASE WHEN c.op <> 'D' AND {usable} THEN c.image END AS image,
@@ -162,7 +144,33 @@ def exact_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], ch
         SELECT {history_columns}, h.op = 'D' AS {deleted}, h.id AS {seq}, h.change_at AS {changed_at},
                h.first_at AS {first_changed_at}
         FROM spans h
-        WHERE h.history""").format(
+        WHERE h.history"""
+
+
+def exact_images_query(table: RegisteredTable, columns: Sequence[LakeColumn], changed_at: sql.Composable,
+                       relation: sql.Composable | None, share: sql.Composable) -> sql.Composed:
+    """`dirty_images_query` for a table with exact history (sql/migrations/021): besides one row per dirty key
+    (its image now, as for any table), one row per earlier change of the key in the batch, the row
+    as that change left it (its logged image; a delete marker for a delete), with the change's own
+    sequence and time. Each row's `_ch_first_changed_at` is the first change since the key's
+    previous row in the batch: a change with no usable image (`_image_usable`) joins the span of
+    the row after it, which an as-of report then refuses inside, as it does for every table.
+
+    A key's images stand only when its logged changes chain (`_chained`): capture logs in the order
+    statements finish, and a nested write (an application's trigger, a volatile function) can log
+    an older image after a newer one (sql/migrations/024). A key whose chain breaks writes only its newest
+    row, read from the table, spanning all of its changes in the batch."""
+    keys = [c for c in columns if c.is_key]
+    typed_keys = sql.SQL(", ").join(key_column(i) for i in range(len(keys)))
+
+    def final_value(c: LakeColumn) -> sql.Composable:
+        return (sql.SQL("d.{}").format(key_column(keys.index(c))) if c.is_key
+                else sql.SQL("t.{}").format(sql.Identifier(c.name)))
+
+    def history_value(c: LakeColumn) -> sql.Composable:
+        return (sql.SQL("h.{}").format(key_column(keys.index(c))) if c.is_key else logged_image_value(c, "h.image"))
+
+    return sql.SQL(_EXACT_IMAGES).format(
         key_values=sql.SQL(", ").join(
             sql.SQL("(c.key ->> {})::{} AS {}").format(sql.Literal(c.name), sql.SQL(c.pg_type), key_column(i))
             for i, c in enumerate(keys)),

@@ -1,4 +1,4 @@
-"""Several tables exported at once (`export_job.run` with more than one worker): each worker has a
+"""Several tables exported at once (`table_export.export_tables` with more than one worker): each worker has a
 PostgreSQL connection and a Spark session of its own and takes the next table when its last one is
 done; every table is still one export of its own, under its own lock, so a crash anywhere leaves
 what a sequential run would."""

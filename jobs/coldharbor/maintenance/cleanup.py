@@ -16,23 +16,28 @@ Everything is idempotent; with --dry-run it only lists what would go.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 
 import psycopg
-from psycopg import sql
 from pyspark.sql import SparkSession
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import RegisteredTable
 from coldharbor.lake import delta, lake_store, writes
 from coldharbor.maintenance import maintenance_runs
+from coldharbor.maintenance.pruning import (
+    HEALTH_SAMPLES_KEPT,
+    drop_stale_staging_tables,
+    expire_report_runs,
+    prune_change_log,
+    prune_health_samples,
+)
 from coldharbor.runtime import faults, pg, settings
 from coldharbor.runtime.errors import ColdharborError, ConfigError, raise_if_tables_failed
-from coldharbor.runtime.job_main import reason, run_job
+from coldharbor.runtime.job_main import job_parser, reason, run_job
 from coldharbor.runtime.spark import temporary_conf
 from coldharbor.serve import report_runs
 
@@ -201,64 +206,13 @@ def remove_own_leftovers(spark: SparkSession, path: str, config: CleanupConfig) 
     return [leftover for leftover in removed if leftover is not None]
 
 
-def prune_change_log(conn: psycopg.Connection, table: RegisteredTable, config: CleanupConfig) -> tuple[int, int]:
-    """change_log rows flushed before the retention, and the batches finished before it."""
-    cutoff = sql.SQL("now() - {}::interval").format(sql.Literal(config.retention))
-    verb = sql.SQL("SELECT count(*)") if config.dry_run else sql.SQL("WITH gone AS (DELETE")
-    tail = sql.SQL("") if config.dry_run else sql.SQL(" RETURNING 1) SELECT count(*) FROM gone")
-    with conn.transaction():
-        changes = conn.execute(sql.SQL("{} FROM coldharbor.change_log WHERE table_id = {} AND flushed_at < {}{}")
-                               .format(verb, sql.Literal(table.table_id), cutoff, tail)).fetchone()[0]
-        batches = conn.execute(sql.SQL("""{} FROM coldharbor.export_batches b
-             WHERE b.table_id = {table_id} AND b.state <> 'pending' AND b.finished_at < {cutoff}
-               AND b.batch_id <> coalesce((SELECT max(batch_id) FROM coldharbor.export_batches
-                                            WHERE table_id = {table_id} AND state = 'flushed'), -1){}""").format(
-            verb, tail, table_id=sql.Literal(table.table_id), cutoff=cutoff)).fetchone()[0]
-    return changes, batches
-
-
-def expire_report_runs(conn: psycopg.Connection, config: CleanupConfig) -> int:
-    query = "FROM coldharbor.report_runs WHERE state <> 'running' AND finished_at < now() - %s::interval"
-    if config.dry_run:
-        return conn.execute("SELECT count(*) " + query, (config.report_runs_retention,)).fetchone()[0]
-    return conn.execute("DELETE " + query, (config.report_runs_retention,)).rowcount
-
-
-HEALTH_SAMPLES_KEPT = timedelta(days=2)  # the page charts the last 24 hours
-
-
-def prune_health_samples(conn: psycopg.Connection, dry_run: bool) -> int:
-    """Health samples (the page's charts) older than HEALTH_SAMPLES_KEPT; how many (would) go."""
-    query = "FROM coldharbor.health_samples WHERE sampled_at < now() - %s::interval"
-    if dry_run:
-        return conn.execute("SELECT count(*) " + query, (HEALTH_SAMPLES_KEPT,)).fetchone()[0]
-    return conn.execute("DELETE " + query, (HEALTH_SAMPLES_KEPT,)).rowcount
-
-
-def drop_stale_staging_tables(conn: psycopg.Connection, dry_run: bool) -> list[str]:
-    """reports._ch_stage_* tables of serve runs that died before their swap (none may be running): the
-    job's role created them, and may drop only those."""
-    running = conn.execute("SELECT count(*) FROM coldharbor.report_runs WHERE state = 'running' "
-                           "AND sink = 'postgres'").fetchone()[0]
-    if running:
-        log.info("report staging tables left alone: %s PostgreSQL report run(s) in progress", running)
-        return []
-    names = [r[0] for r in conn.execute("SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = 'reports' "
-                                        "AND tablename LIKE '\\_ch\\_stage\\_%' AND tableowner = current_user"
-                                        ).fetchall()]
-    if not dry_run:
-        for name in names:
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("reports", name)))
-    return names
-
-
 def parse_args(argv: list[str]) -> CleanupConfig:
-    parser = argparse.ArgumentParser(
-        prog="cleanup.py",
-        description="Evict cold rows from the hot tier, VACUUM the lake, prune the change log and expire old run "
-                    f"records. PostgreSQL is reached through {settings.PG_DSN_ENV}.")
-    parser.add_argument("--table", help="clean only this registered table (schema.table); default: all")
-    parser.add_argument("--lake-root", help=f"lake folder or URI (default: ${settings.LAKE_ROOT_ENV})")
+    parser = job_parser(
+        "cleanup.py",
+        "Evict cold rows from the hot tier, VACUUM the lake, prune the change log and expire old run records. "
+        f"PostgreSQL is reached through {settings.PG_DSN_ENV}.",
+        table_help="clean only this registered table (schema.table); default: all",
+        run_id_help="identifier recorded with the run (default: a new one)")
     parser.add_argument("--retention-hours", type=float, default=DELTA_GUARD_HOURS,
                         help=f"keep lake files and flushed change_log rows this long (default {DELTA_GUARD_HOURS:g}; "
                              "it must exceed the longest report and export)")
@@ -268,7 +222,6 @@ def parse_args(argv: list[str]) -> CleanupConfig:
                         help="expire report_runs rows finished longer ago than this (default 30)")
     parser.add_argument("--no-evict", action="store_true", help="leave the hot tier alone")
     parser.add_argument("--dry-run", action="store_true", help="list what would go; change nothing")
-    parser.add_argument("--run-id", help="identifier recorded with the run (default: a new one)")
     args = parser.parse_args(argv)
     return CleanupConfig(table=args.table, lake_root=settings.lake_root(args.lake_root),
                          run_id=args.run_id or maintenance_runs.new_run_id("cleanup"),
@@ -278,7 +231,18 @@ def parse_args(argv: list[str]) -> CleanupConfig:
                          evict=not args.no_evict, dry_run=args.dry_run)
 
 
-def run(spark: SparkSession, conn: psycopg.Connection, config: CleanupConfig) -> list[TableCleanup]:
+def run(spark: SparkSession, conn: psycopg.Connection, config: CleanupConfig) -> int:
+    """Cleans the table, or every registered one, and the report runs, health samples and staging
+    tables they leave: exit 0, or 2 when a table failed (each named in one line at the end)."""
+    results = cleanup_tables(spark, conn, config)
+    for result in results:
+        log.info("result: %s", result)
+    raise_if_tables_failed(results, "cleaned")
+    return 0
+
+
+def cleanup_tables(spark: SparkSession, conn: psycopg.Connection, config: CleanupConfig) -> list[TableCleanup]:
+    """What `run` does, each table's outcome returned (a failed table is a `failed` result)."""
     tables = registry.load(conn, config.table)  # main() refused a dropped one before Spark started
     # Dead report runs first: while one still looks 'running', eviction's cutoff and the staging
     # tables wait on it.
@@ -322,12 +286,7 @@ def main(argv: list[str]) -> int:
                     registry.require_privileges(conn, tables[0], deletes=True)
             from coldharbor.runtime.spark import get_session
 
-            spark = get_session("coldharbor-cleanup")
-            results = run(spark, conn, config)
-            for result in results:
-                log.info("result: %s", result)
-            raise_if_tables_failed(results, "cleaned")
-        return 0
+            return run(get_session("coldharbor-cleanup"), conn, config)
 
     return run_job("cleanup", body)
 

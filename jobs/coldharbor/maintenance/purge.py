@@ -20,7 +20,6 @@ its row and its dirty change_log rows stay, so reports keep showing the current 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import Sequence
@@ -50,7 +49,7 @@ from coldharbor.maintenance.purge_steps import (
 )
 from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import TableBusyError
-from coldharbor.runtime.job_main import EXIT_INCOMPLETE, reason, run_job
+from coldharbor.runtime.job_main import EXIT_INCOMPLETE, job_parser, reason, run_job
 from coldharbor.runtime.spark_python import collectable, collected
 
 log = logging.getLogger(__name__)
@@ -197,24 +196,21 @@ def refuse_unheld_keys(conn: psycopg.Connection, table: RegisteredTable, columns
 
 
 def parse_args(argv: list[str]) -> PurgeConfig:
-    parser = argparse.ArgumentParser(
-        prog="purge.py",
-        description="Remove every row matching a predicate from PostgreSQL, the lake (current and old files) and "
-                    "the change log, then verify none remains. PostgreSQL is reached through "
-                    f"{settings.PG_DSN_ENV}. Exit 0: purged and verified; 2: refused, nothing changed; 4: purged, "
-                    "but rows remain in files the retention keeps.")
-    parser.add_argument("--table", required=True, help="the registered table (schema.table)")
+    parser = job_parser(
+        "purge.py",
+        "Remove every row matching a predicate from PostgreSQL, the lake (current and old files) and the change "
+        f"log, then verify none remains. PostgreSQL is reached through {settings.PG_DSN_ENV}. Exit 0: purged and "
+        "verified; 2: refused, nothing changed; 4: purged, but rows remain in files the retention keeps.",
+        run_id_help="identifier recorded with the run (default: a new one)")
     parser.add_argument("--where", required=True,
                         help="the rows to purge, e.g. \"customer = 'c-17'\": comparisons of one column with "
                              "literals (=, <>, <, <=, >, >=, BETWEEN, IN, LIKE, IS NULL) joined by AND/OR/NOT; "
                              "a timestamptz literal names its zone (see README)")
-    parser.add_argument("--lake-root", help=f"lake folder or URI (default: ${settings.LAKE_ROOT_ENV})")
     parser.add_argument("--vacuum-retention-hours", type=float, required=True,
                         help="VACUUM retention of this purge: files holding old versions go once older; 0 removes "
                              "them now (needs --allow-short-retention)")
     parser.add_argument("--allow-short-retention", action="store_true",
                         help=f"allow a retention below Delta's {DELTA_GUARD_HOURS:g}-hour guard")
-    parser.add_argument("--run-id", help="identifier recorded with the run (default: a new one)")
     args = parser.parse_args(argv)
     return PurgeConfig(table=args.table, where=args.where, lake_root=settings.lake_root(args.lake_root),
                        run_id=args.run_id or maintenance_runs.new_run_id("purge"),

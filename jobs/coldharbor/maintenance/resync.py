@@ -12,21 +12,20 @@ the table at the same time skips or waits its turn), and is logged in coldharbor
 
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
 from dataclasses import dataclass
 
+import psycopg
+from pyspark.sql import SparkSession
+
 from coldharbor.capture import registry
-from coldharbor.capture.table_job import jdbc_target, one_table, registered
+from coldharbor.capture.table_job import jdbc_target, registered, table_job_main
 from coldharbor.export import base_load, base_state
 from coldharbor.export.recovery import recover_pending
 from coldharbor.maintenance import maintenance_runs
 from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import TableBusyError
-from coldharbor.runtime.job_main import run_job
-
-log = logging.getLogger(__name__)
+from coldharbor.runtime.job_main import job_parser
 
 
 @dataclass(frozen=True)
@@ -37,20 +36,18 @@ class ResyncConfig:
 
 
 def parse_args(argv: list[str]) -> ResyncConfig:
-    parser = argparse.ArgumentParser(
-        prog="resync.py",
-        description="Rebuild a registered table's lake state from PostgreSQL as a new base commit (after a restore "
-                    "of PostgreSQL, a manual edit of the lake, or a bug). Earlier versions stay readable for as-of "
-                    f"reports until cleanup. PostgreSQL is reached through {settings.PG_DSN_ENV}.")
-    parser.add_argument("--table", required=True, help="the registered table (schema.table)")
-    parser.add_argument("--lake-root", help=f"lake folder or URI (default: ${settings.LAKE_ROOT_ENV})")
-    parser.add_argument("--run-id", help="identifier recorded with the base (default: a new one)")
+    parser = job_parser(
+        "resync.py",
+        "Rebuild a registered table's lake state from PostgreSQL as a new base commit (after a restore of "
+        "PostgreSQL, a manual edit of the lake, or a bug). Earlier versions stay readable for as-of reports until "
+        f"cleanup. PostgreSQL is reached through {settings.PG_DSN_ENV}.",
+        run_id_help="identifier recorded with the base (default: a new one)")
     args = parser.parse_args(argv)
     return ResyncConfig(args.table, settings.lake_root(args.lake_root),
                         args.run_id or maintenance_runs.new_run_id("resync"))
 
 
-def resync_table(spark, conn, jdbc: pg.JdbcTarget, table: registry.RegisteredTable,
+def resync_table(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget, table: registry.RegisteredTable,
                  config: ResyncConfig) -> base_load.BaseResult:
     """Writes the new base under the table's export and compaction locks; TableBusyError if either is held."""
     with pg.advisory_lock(conn, "export", table.table_id) as exporting, \
@@ -67,7 +64,7 @@ def resync_table(spark, conn, jdbc: pg.JdbcTarget, table: registry.RegisteredTab
                                     config.run_id)
 
 
-def run(spark, conn, config: ResyncConfig) -> int:
+def run(spark: SparkSession, conn: psycopg.Connection, config: ResyncConfig) -> int:
     """Writes the table's new base, records the run and says so."""
     table = registered(conn, config.table)
     with maintenance_runs.recorded(conn, config.run_id, table.table_id, "resync"):
@@ -81,12 +78,7 @@ def run(spark, conn, config: ResyncConfig) -> int:
 
 
 def main(argv: list[str]) -> int:
-    def body() -> int:
-        config = parse_args(argv)
-        with one_table(config.table, "coldharbor-resync") as (spark, conn):
-            return run(spark, conn, config)
-
-    return run_job("resync", body)
+    return table_job_main("resync", argv, parse_args, run)
 
 
 if __name__ == "__main__":

@@ -15,37 +15,31 @@ lake cannot hold exactly, see `lake_values`) or an unexpected error (one line na
 
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime
-from decimal import Decimal
 
 import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from coldharbor.capture import registry, table_names
+from coldharbor.capture import registry
 from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.capture.table_job import jdbc_target, one_table, registered
+from coldharbor.capture.table_job import jdbc_target, registered, table_job_main
 from coldharbor.export import base_state, batches, table_reader
 from coldharbor.export.table_reader import TableSnapshot
 from coldharbor.lake import commits, delta, lake_values
 from coldharbor.lake.lake_rows import column
 from coldharbor.maintenance import maintenance_runs, verify_digests
 from coldharbor.maintenance.verify_digests import CHUNK, HASH, WEIGHT, Chunking
+from coldharbor.maintenance.verify_samples import differing_chunks, sample_differences, shown
 from coldharbor.runtime import pg, settings
-from coldharbor.runtime.errors import ColdharborError, ConfigError, LakeUnavailableError, jvm_message, one_line
-from coldharbor.runtime.job_main import EXIT_DIFFERENT, EXIT_REFUSED, run_job
+from coldharbor.runtime.errors import ColdharborError, ConfigError, LakeUnavailableError, jvm_message
+from coldharbor.runtime.job_main import EXIT_DIFFERENT, EXIT_REFUSED, job_parser
 from coldharbor.runtime.spark_python import collectable, collected
 from coldharbor.serve import hot_snapshot
 
-log = logging.getLogger(__name__)
-
 DEFAULT_CHUNKS = 16
-SAMPLE_KEYS = 10
 # PostgreSQL's rows are digested from their exact values, but the dirty keys' hot images reach the
 # view through the readers, and a lake exported before such values were refused may hold them moved
 # or clamped: such a table is refused, naming the value.
@@ -123,66 +117,6 @@ def view_chunks(view: DataFrame, first_key: LakeColumn) -> dict[int, Chunk]:
                                     collectable(F.max(F.when(live, key)), first_key.lake_type).alias("last")).collect()
     return {r[CHUNK]: Chunk(r[CHUNK], r["rows"], r["hash"], collected(r["first"], first_key.lake_type),
                             collected(r["last"], first_key.lake_type)) for r in found if r["rows"] or r["hash"]}
-
-
-def differing_chunks(view: dict[int, Chunk], postgres: dict[int, Chunk]) -> list[dict]:
-    differing = []
-    for i in sorted(set(view) | set(postgres)):
-        mine, theirs = view.get(i), postgres.get(i)
-        if mine is None or theirs is None or (mine.rows, mine.hash) != (theirs.rows, theirs.hash):
-            firsts = [c.first_key for c in (mine, theirs) if c is not None and c.first_key is not None]
-            lasts = [c.last_key for c in (mine, theirs) if c is not None and c.last_key is not None]
-            differing.append({"chunk": i, "view_rows": mine.rows if mine else 0, "pg_rows": theirs.rows if theirs else 0,
-                              "first_key": min(firsts) if firsts else None, "last_key": max(lasts) if lasts else None})
-    return differing
-
-
-def sample_differences(view: DataFrame, postgres: DataFrame, twice: DataFrame,
-                       key_columns: Sequence[LakeColumn]) -> list[dict]:
-    """Up to SAMPLE_KEYS keys of the differing chunks, each with what is wrong with it. `view` and
-    `postgres` hold the rows (keys, HASH) of those chunks, `twice` keys a lake batch holds twice."""
-    keys = [k.name for k in key_columns]
-    diff = collected_keys(view.select(*map(column, keys), column(HASH).alias("_ch_view"))
-                          .join(postgres.select(*map(column, keys), column(HASH).alias("_ch_pg")), on=keys,
-                                how="full_outer")
-                          .filter(~column("_ch_view").eqNullSafe(column("_ch_pg"))), key_columns, "_ch_view", "_ch_pg")
-    samples = [(row, "is more than once in one lake batch (a hand edit?)") for row in collected_keys(twice, key_columns)]
-    for row in diff:
-        if row["_ch_view"] is None:
-            problem = "is in PostgreSQL but missing from the lake view"
-        elif row["_ch_pg"] is None:
-            problem = "is in the lake view but not in PostgreSQL"
-        else:
-            problem = "has different values in the lake view and in PostgreSQL"
-        samples.append((row, problem))
-    return [{"key": "(" + ", ".join(f"{table_names.quote_ident(k)}={shown(row[k])}" for k in keys) + ")",
-             "problem": problem} for row, problem in samples[:SAMPLE_KEYS]]
-
-
-def collected_keys(rows: DataFrame, key_columns: Sequence[LakeColumn], *others: str) -> list[dict]:
-    """Up to SAMPLE_KEYS of `rows` as dicts of their keys (`collectable`, then `collected`) and `others`."""
-    found = rows.select(*[collectable(column(k.name), k.lake_type).alias(k.name) for k in key_columns],
-                        *map(column, others)).limit(SAMPLE_KEYS).collect()
-    return [{**{k.name: collected(row[k.name], k.lake_type) for k in key_columns}, **{o: row[o] for o in others}}
-            for row in found]
-
-
-def shown(value: object) -> str:
-    """A key value as a data engineer reads it, as SQL would write it: texts quoted ('o''k'), numbers,
-    dates and timestamps plain (ISO), bytes as \\x hex, NULL; control characters escaped (one line)."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return "'\\x" + bytes(value).hex() + "'"
-    if isinstance(value, Decimal):
-        return format(value, "f")
-    if isinstance(value, (datetime, date)):
-        return value.isoformat(sep=" ") if isinstance(value, datetime) else value.isoformat()
-    if isinstance(value, str):
-        return one_line("'" + value.replace("'", "''") + "'")
-    return str(value)
 
 
 def refuse_missing_lake(conn: psycopg.Connection, table: RegisteredTable, path: str) -> None:
@@ -296,16 +230,14 @@ class Compared:
 
 
 def parse_args(argv: list[str]) -> VerifyConfig:
-    parser = argparse.ArgumentParser(
-        prog="verify.py",
-        description="Compare a registered table's unified view (lake minus dirty keys plus hot images) with "
-                    "PostgreSQL at one snapshot, chunk by chunk. Exit 0 in sync, 1 differences found, 2 refused or "
-                    "failed (one line says why). "
-                    f"PostgreSQL is reached through {settings.PG_DSN_ENV}.")
-    parser.add_argument("--table", required=True, help="the registered table (schema.table)")
-    parser.add_argument("--chunks", type=int, default=DEFAULT_CHUNKS, help=f"chunks to compare (default {DEFAULT_CHUNKS})")
-    parser.add_argument("--lake-root", help=f"lake folder or URI (default: ${settings.LAKE_ROOT_ENV})")
-    parser.add_argument("--run-id", help="identifier recorded in coldharbor.maintenance_runs (default: a new one)")
+    parser = job_parser(
+        "verify.py",
+        "Compare a registered table's unified view (lake minus dirty keys plus hot images) with PostgreSQL at one "
+        "snapshot, chunk by chunk. Exit 0 in sync, 1 differences found, 2 refused or failed (one line says why). "
+        f"PostgreSQL is reached through {settings.PG_DSN_ENV}.",
+        run_id_help="identifier recorded in coldharbor.maintenance_runs (default: a new one)")
+    parser.add_argument("--chunks", type=int, default=DEFAULT_CHUNKS,
+                        help=f"chunks to compare (default {DEFAULT_CHUNKS})")
     args = parser.parse_args(argv)
     if not 1 <= args.chunks <= 100_000:
         parser.error(f"--chunks must be between 1 and 100000, got {args.chunks}")
@@ -328,13 +260,8 @@ def run(spark: SparkSession, conn: psycopg.Connection, config: VerifyConfig) -> 
 
 
 def main(argv: list[str]) -> int:
-    def body() -> int:
-        config = parse_args(argv)
-        with one_table(config.table, "coldharbor-verify") as (spark, conn):
-            return run(spark, conn, config)
-
     # Exit 1 says "differences found" alone: an error no check foresaw is one line and exit 2 too.
-    return run_job("verify", body, unexpected_exit=EXIT_REFUSED)
+    return table_job_main("verify", argv, parse_args, run, unexpected_exit=EXIT_REFUSED)
 
 
 if __name__ == "__main__":

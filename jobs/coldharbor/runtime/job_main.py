@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import warnings
 from collections.abc import Callable
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import psycopg
 
+from coldharbor.runtime import settings
 from coldharbor.runtime.errors import ColdharborError, PostgresUnavailableError, PrivilegeError, jvm_message, one_line
 
 # Every exit code a job ends with: the one table, which the Airflow operator reads to say what a
@@ -37,6 +39,28 @@ def exit_meaning(job: str, code: int) -> str:
     """What exit `code` of `job` (its entrypoint's name, with or without .py) means."""
     own = JOB_EXIT_MEANINGS.get(job.removesuffix(".py"), {})
     return own.get(code) or EXIT_MEANINGS.get(code) or "Spark or the job failed"
+
+
+def job_parser(prog: str, description: str, *, table_help: str | None = None, run_id_help: str | None = None,
+               lake_root_help: str | None = None) -> argparse.ArgumentParser:
+    """The command line every job starts from: `--table` (required, or optional with `table_help`
+    saying what all tables means), `--lake-root`, and `--run-id` when the job records one.
+
+    :param table_help: the help of an optional --table (the job then takes every registered table
+        without one); None: --table names the one table, required
+    :param run_id_help: the help of --run-id, or None for a job that records no run
+    :param lake_root_help: the help of --lake-root when it says more than the default's
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    if table_help is None:
+        parser.add_argument("--table", required=True, help="the registered table (schema.table)")
+    else:
+        parser.add_argument("--table", help=table_help)
+    parser.add_argument("--lake-root",
+                        help=lake_root_help or f"lake folder or URI (default: ${settings.LAKE_ROOT_ENV})")
+    if run_id_help is not None:
+        parser.add_argument("--run-id", help=run_id_help)
+    return parser
 
 
 def configure_logging() -> None:

@@ -17,7 +17,6 @@ feed is in the table's current columns (one added since reads NULL before it exi
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import re
@@ -31,33 +30,23 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from coldharbor.capture import registry
-from coldharbor.capture.registry import LakeColumn, RegisteredTable
-from coldharbor.capture.table_job import jdbc_target, one_table, registered
+from coldharbor.capture.registry import RegisteredTable
+from coldharbor.capture.table_job import jdbc_target, registered, table_job_main
 from coldharbor.export import hot_reader, table_reader
 from coldharbor.export.base_state import RebaseWindow
 from coldharbor.lake import delta
-from coldharbor.lake.lake_rows import (
-    BATCH_ID,
-    CHANGED_AT,
-    DELETED,
-    FIRST_CHANGED_AT,
-    SEQ,
-    column,
-    latest_per_key,
-    to_lake_rows,
-)
+from coldharbor.lake.lake_rows import CHANGED_AT, column, to_lake_rows
 from coldharbor.runtime import pg, settings
 from coldharbor.runtime.errors import ConfigError, ReportError, one_line
-from coldharbor.runtime.job_main import run_job
+from coldharbor.runtime.job_main import job_parser
 from coldharbor.serve import hot_snapshot, report_spec, sinks
 from coldharbor.serve.as_of import check_as_of, refuse_inexact
 from coldharbor.serve.hot_snapshot import HotSnapshot
+from coldharbor.serve.net_changes import CHANGE_SEQ, CHANGE_TYPE, CHANGE_TYPES, COMMIT_TIMESTAMP, full_rows, net_changes
 from coldharbor.serve.serve_job import history_window
 
 log = logging.getLogger(__name__)
 
-CHANGE_TYPE, CHANGE_SEQ, COMMIT_TIMESTAMP = "_change_type", "_change_seq", "_commit_timestamp"
-CHANGE_TYPES = ("insert", "delete", "update_preimage", "update_postimage")
 TARGET_PREFIX = "changes_"
 NOW = "now"
 # Ranks the still-dirty images above every lake row of the same change sequence (the same change,
@@ -95,21 +84,18 @@ def parse_point(raw: str, flag: str, now_allowed: bool) -> int | datetime | None
 
 
 def parse_args(argv: list[str]) -> FeedConfig:
-    parser = argparse.ArgumentParser(
-        prog="changes.py",
-        description="Write a registered table's change feed between two points (lake versions, ISO-8601 times, "
-                    "or now for --to) to a report table: one row per insert and delete, two per update "
-                    f"(update_preimage, update_postimage), with {CHANGE_SEQ} and {COMMIT_TIMESTAMP}. Exit 0 written, "
-                    f"2 refused or failed (one line says why; nothing written). PostgreSQL is reached through "
-                    f"{settings.PG_DSN_ENV}.")
-    parser.add_argument("--table", required=True, help="the registered table (schema.table)")
+    parser = job_parser(
+        "changes.py",
+        "Write a registered table's change feed between two points (lake versions, ISO-8601 times, or now for "
+        "--to) to a report table: one row per insert and delete, two per update (update_preimage, "
+        f"update_postimage), with {CHANGE_SEQ} and {COMMIT_TIMESTAMP}. Exit 0 written, 2 refused or failed (one "
+        f"line says why; nothing written). PostgreSQL is reached through {settings.PG_DSN_ENV}.")
     parser.add_argument("--from", dest="start", required=True, help="where the window starts (excluded)")
     parser.add_argument("--to", dest="end", default=NOW, help="where it ends (included; default now)")
     parser.add_argument("--target", required=True,
                         help=f"report table to write: {TARGET_PREFIX}<name> in the {report_spec.REPORTS_SCHEMA} "
                              "schema (or the Delta reports folder)")
     parser.add_argument("--sink", choices=report_spec.SINKS, default="postgres")
-    parser.add_argument("--lake-root", help=f"lake folder or URI (default: ${settings.LAKE_ROOT_ENV})")
     args = parser.parse_args(argv)
     target = report_spec.target_name(args.target)
     if not target.startswith(TARGET_PREFIX):
@@ -117,58 +103,6 @@ def parse_args(argv: list[str]) -> FeedConfig:
                           f"{TARGET_PREFIX}<name>")
     return FeedConfig(args.table, parse_point(args.start, "--from", False), parse_point(args.end, "--to", True),
                       target, args.sink, settings.lake_root(args.lake_root))
-
-
-def full_rows(rows: DataFrame, columns: Sequence[LakeColumn]) -> DataFrame:
-    """Lake rows with every column of the table (NULL where the lake has not got it yet) and the
-    metadata the feed ranks and reports by."""
-    present = set(rows.columns)
-    first = column(FIRST_CHANGED_AT) if FIRST_CHANGED_AT in present else F.lit(None).cast("timestamp")
-    return rows.select(*[(column(c.name) if c.name in present else F.lit(None)).cast(c.lake_type).alias(c.name)
-                         for c in columns],
-                       column(SEQ), column(DELETED), column(CHANGED_AT), column(BATCH_ID),
-                       first.alias(FIRST_CHANGED_AT))
-
-
-def net_changes(rows: DataFrame, columns: Sequence[LakeColumn], start: datetime, end: datetime) -> DataFrame:
-    """The feed of (start, end] from lake-shaped `rows` (`full_rows`): each key's last write at
-    `start` against its last write at `end`, for the keys written in between."""
-    keys = [c.name for c in sorted((c for c in columns if c.is_key), key=lambda c: c.key_position)]
-    latest = latest_per_key(keys)
-    written = rows.filter((column(CHANGED_AT) > F.lit(start)) & (column(CHANGED_AT) <= F.lit(end)))
-    touched = written.select(*map(column, keys)).distinct()
-    # Only the keys written in the window are ranked: the rest of the table is the same at both ends.
-    versions = rows.join(touched, on=keys, how="left_semi")
-
-    def side(at: datetime, tag: str) -> DataFrame:
-        last = latest(versions.filter(column(CHANGED_AT) <= F.lit(at)))
-        return last.select(*[column(k).alias(f"_k{i}") for i, k in enumerate(keys)],
-                           *[column(c.name).alias(f"_{tag}{i}") for i, c in enumerate(columns)],
-                           column(SEQ).alias(f"_{tag}_seq"), column(DELETED).alias(f"_{tag}_deleted"),
-                           column(CHANGED_AT).alias(f"_{tag}_at"))
-
-    joined = side(start, "o").join(side(end, "n"), on=[f"_k{i}" for i in range(len(keys))], how="full_outer")
-    was = column("_o_seq").isNotNull() & ~column("_o_deleted")
-    now = column("_n_seq").isNotNull() & ~column("_n_deleted")
-    moved = ~column("_o_seq").eqNullSafe(column("_n_seq"))
-    same = F.lit(True)
-    for i, c in enumerate(columns):
-        old, new = column(f"_o{i}"), column(f"_n{i}")
-        if c.lake_type in ("FLOAT", "DOUBLE"):  # Spark's = holds -0.0 equal to 0.0; their texts differ
-            old, new = old.cast("string"), new.cast("string")
-        same = same & old.eqNullSafe(new)
-
-    def rows_of(tag: str, kind: str, where) -> DataFrame:
-        return joined.filter(moved & where).select(
-            *[column(f"_{tag}{i}").alias(c.name) for i, c in enumerate(columns)],
-            F.lit(kind).alias(CHANGE_TYPE), column("_n_seq").alias(CHANGE_SEQ),
-            column("_n_at").alias(COMMIT_TIMESTAMP))
-
-    updated = was & now & ~same
-    return (rows_of("n", "insert", ~was & now)
-            .unionByName(rows_of("o", "delete", was & ~now))
-            .unionByName(rows_of("o", "update_preimage", updated))
-            .unionByName(rows_of("n", "update_postimage", updated)))
 
 
 def version_instant(spark: SparkSession, table: RegisteredTable, path: str, version: int, newest: int | None) -> datetime:
@@ -214,7 +148,7 @@ def read_feed(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget
               config: FeedConfig, flags: tuple[str, str] = ("--from", "--to")) -> DataFrame:
     """The feed, computed and pinned, in one PostgreSQL snapshot (for `now`, its dirty images too).
     Refusals name the window's ends as `flags` (the job's options, or a report's changes() call)."""
-    from_flag, to_flag = flags
+    to_flag = flags[1]
     path = table.lake_path(config.lake_root)
     columns = tuple(registry.lake_columns(conn, table))
     taken = [c.name for c in columns if c.name.lower() in (CHANGE_TYPE, CHANGE_SEQ, COMMIT_TIMESTAMP)]
@@ -251,16 +185,7 @@ def read_feed(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget
             end = config.end if isinstance(config.end, datetime) else \
                 version_instant(spark, table, path, config.end, version)
             check_point(end, snapshot, to_flag)
-        if start >= end:
-            raise ConfigError(f"{from_flag} ({start.isoformat()}) is not before {to_flag} ({end.isoformat()}): the "
-                              "window is empty or reversed")
-        check_point(start, snapshot, from_flag)
-        refuse_rebase_inside(table, hot.rebase_windows, start, end)
-        for flag, instant in ((from_flag, start), (to_flag, end)):
-            try:
-                refuse_inexact(rows, instant, table.qualified_name, table.history == "exact", hot.answerable_from)
-            except ReportError as exc:
-                raise ReportError(f"{flag}: {exc}") from None
+        _check_window(rows, table, snapshot, start, end, flags)
         from coldharbor.runtime.spark import local_checkpoint, temporary_conf
 
         # Without constraint propagation: the optimizer infers constraints from every pair of the
@@ -271,6 +196,24 @@ def read_feed(spark: SparkSession, conn: psycopg.Connection, jdbc: pg.JdbcTarget
     log.info("%s: change feed of (%s, %s] over lake version %s", table.qualified_name, start.isoformat(),
              end.isoformat(), version)
     return feed
+
+
+def _check_window(rows: DataFrame, table: RegisteredTable, snapshot: HotSnapshot, start: datetime, end: datetime,
+                  flags: tuple[str, str]) -> None:
+    """Refuses a window that is empty or reversed, that starts before the history kept, that a
+    rebase cuts, or whose ends the lake cannot place exactly; each end named by its flag."""
+    from_flag, to_flag = flags
+    hot = snapshot.tables[table.table_id]
+    if start >= end:
+        raise ConfigError(f"{from_flag} ({start.isoformat()}) is not before {to_flag} ({end.isoformat()}): the "
+                          "window is empty or reversed")
+    check_point(start, snapshot, from_flag)
+    refuse_rebase_inside(table, hot.rebase_windows, start, end)
+    for flag, instant in ((from_flag, start), (to_flag, end)):
+        try:
+            refuse_inexact(rows, instant, table.qualified_name, table.history == "exact", hot.answerable_from)
+        except ReportError as exc:
+            raise ReportError(f"{flag}: {exc}") from None
 
 
 def write_feed(feed: DataFrame, conn: psycopg.Connection, jdbc: pg.JdbcTarget, config: FeedConfig,
@@ -293,12 +236,7 @@ def run(spark: SparkSession, conn: psycopg.Connection, config: FeedConfig) -> in
 
 
 def main(argv: list[str]) -> int:
-    def body() -> int:
-        config = parse_args(argv)
-        with one_table(config.table, "coldharbor-changes") as (spark, conn):
-            return run(spark, conn, config)
-
-    return run_job("changes", body)
+    return table_job_main("changes", argv, parse_args, run)
 
 
 if __name__ == "__main__":

@@ -148,11 +148,7 @@ def _refresh(spark: SparkSession, conn: psycopg.Connection, parsed: sql_guard.Pa
         log.info("%s: its changes log the rows they remove from now on (sql/migrations/028)", table.qualified_name)
     path = state_path(lake_root, target)
     prints = fingerprint(report_sql, params, table, columns)
-    with _stage("reading the state"):
-        stored = read_state(spark, path)
-    why_none = "no state yet"
-    if stored is not None and stored[1].fingerprint != prints:
-        stored, why_none = None, "the report's SQL, its parameters or the table's columns changed"
+    stored, why_none = _stored_state(spark, path, prints)
     lake_path = table.lake_path(lake_root)
     # As a report pins its versions: the lake first, then PostgreSQL's snapshot.
     pinned = delta.pin_version(spark, lake_path)
@@ -202,6 +198,16 @@ def _refresh(spark: SparkSession, conn: psycopg.Connection, parsed: sql_guard.Pa
         write_state(cold, path, Frontier(window.version, window.batch_id, prints, window.now))
     hot = sum(1 for c in changes[COLD].to_pylist() if not c)
     return Outcome(written, f"refreshed {how}", window.version, hot)
+
+
+def _stored_state(spark: SparkSession, path: str, prints: str):
+    """The report's stored state and frontier, or None and why there is none to use (none yet, or
+    one kept for another SQL, other parameters or other columns)."""
+    with _stage("reading the state"):
+        stored = read_state(spark, path)
+    if stored is not None and stored[1].fingerprint != prints:
+        return None, "the report's SQL, its parameters or the table's columns changed"
+    return stored, "no state yet"
 
 
 def _changes_since(conn: psycopg.Connection, table: RegisteredTable, columns: Sequence[LakeColumn], stored,

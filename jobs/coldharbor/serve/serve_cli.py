@@ -1,4 +1,6 @@
-"""Command line of serve_report.py: arguments -> ServeConfig, the run record, exit codes."""
+"""The serve_report job: its command line (-> ServeConfig), `run(spark, conn, config)`, the run's
+record in coldharbor.report_runs and its exit codes; the checks the Airflow operator and sensor
+make before a JVM starts (`refusal`, `waiting_for`). The read itself is `serve_job`'s."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import logging
 from datetime import datetime, timezone
 
 import psycopg
+from pyspark.sql import SparkSession
 
 from coldharbor.capture import registry
 from coldharbor.export import hot_reader
@@ -102,6 +105,14 @@ def build_config(args: argparse.Namespace, run_id: str) -> ServeConfig:
                        run_id=run_id, history_window=history_window())
 
 
+def parse_args(argv: list[str]) -> ServeConfig:
+    """The checked configuration of a command line; ReportError for an unknown report, a bad
+    parameter or target (the job itself parses in two steps: its run is recorded from the raw
+    arguments before they are checked)."""
+    args = build_parser().parse_args(argv)
+    return build_config(args, args.run_id or default_run_id(args.report or "adhoc"))
+
+
 def _record_failure(conn: psycopg.Connection | None, record: RunRecord, message: str) -> None:
     if conn is None or conn.closed or conn.broken:
         return
@@ -159,13 +170,12 @@ def waiting_for(argv: list[str], dsn: str) -> str | None:
     without an as-of, and a lost PostgreSQL are not waited for: the report's run decides those (and
     records them)."""
     try:
-        args = build_parser().parse_args(argv)
-    except SystemExit:
+        config = parse_args(argv)
+    except (SystemExit, ColdharborError):
+        return None
+    if config.as_of is None:
         return None
     try:
-        config = build_config(args, args.run_id or default_run_id(args.report or "adhoc"))
-        if config.as_of is None:
-            return None
         with pg.connect(dsn) as conn:
             tables = validate_report(config.report, registry.load(conn)).read_tables
             registry.require_present(tables)
@@ -205,42 +215,55 @@ def report_data_error(exc: BaseException) -> str | None:
 def main(argv: list[str]) -> int:
     """Runs one report; exit 0 served, 2 refused or a tier lost (one line), 1 an unforeseen failure,
     each failure recorded in its run once the run has started (job_main.run_job)."""
-    run = _Run()
+    current = _Run()
     try:
-        return run_job("serve_report", lambda: _serve(argv, run), label=run.label, on_failure=run.record_failure,
-                       named_by_job=report_data_error)
+        return run_job("serve_report", lambda: _serve(argv, current), label=current.label,
+                       on_failure=current.record_failure, named_by_job=report_data_error)
     finally:
-        if run.conn is not None:
-            run.conn.close()
+        if current.conn is not None:
+            current.conn.close()
 
 
-def _serve(argv: list[str], run: _Run) -> int:
+def _serve(argv: list[str], current: _Run) -> int:
     args = build_parser().parse_args(argv)  # a malformed command line exits 2 here
     report_name = args.report or "adhoc"
     dsn = settings.pg_dsn()
-    jdbc = pg.JdbcTarget.from_dsn(dsn)
-    run.record = record = RunRecord(args.run_id or default_run_id(report_name), report_name, args.target,
-                                    args.sink or "postgres", args.mode, None)
+    current.record = RunRecord(args.run_id or default_run_id(report_name), report_name, args.target,
+                               args.sink or "postgres", args.mode, None)
     try:
-        run.conn = conn = pg.connect(dsn)
+        current.conn = pg.connect(dsn)
     except PostgresUnavailableError:
         if args.mode == "strict":
             raise
-        conn = None
-    config = build_config(args, record.run_id)
+        log.warning("best effort: PostgreSQL at %s is unreachable; reading the lake alone", pg.describe(dsn))
+    # From here on a refusal is recorded in the run (PostgreSQL reached).
+    return run(None, current.conn, build_config(args, current.record.run_id), current.record)
+
+
+def run(spark: SparkSession | None, conn: psycopg.Connection | None, config: ServeConfig,
+        record: RunRecord | None = None) -> int:
+    """Serves the report: exit 0, its figures in `record`. Refused before a JVM starts (the run
+    recorded as failed in one statement), otherwise recorded as running, then served.
+
+    :param spark: the session to serve with, or None: the report's session (`report_session`) is
+        started once the report is validated
+    :param conn: PostgreSQL, or None in best effort when it is unreachable: the lake alone, from the
+        registry snapshot the last run left
+    :param record: the run's row in coldharbor.report_runs, filled in as the run goes (`main` keeps
+        it to record a failure); default: a new one for `config`
+    """
+    record = record or RunRecord(config.run_id, config.report.name, config.target, config.sink, config.mode, None)
     record.target, record.sink, record.as_of = config.target, config.sink, config.as_of
-    # Refused here, the run is recorded as failed in one statement and no JVM starts.
     checked = validate_report(config.report, registry.load(conn) if conn is not None else None)
-    if conn is not None and config.as_of is not None:
-        hot_reader.require_commit_times(conn)
     if conn is not None:
+        jdbc = pg.JdbcTarget.from_dsn(settings.pg_dsn())
+        if config.as_of is not None:
+            hot_reader.require_commit_times(conn)
         report_runs.start(conn, record)  # from here on, a failure is recorded too
-        spark = report_session()
-        record.row_count = serve(spark, conn, jdbc, config, record, checked)
+        record.row_count = serve(spark or report_session(), conn, jdbc, config, record, checked)
         report_runs.succeed(conn, record)
     else:
-        log.warning("best effort: PostgreSQL at %s is unreachable; reading the lake alone", pg.describe(dsn))
-        spark = report_session()
+        spark = spark or report_session()
         tables, columns = registry_cache.load(spark, config.lake_root)
         record.row_count = serve_lake_only(spark, tables, columns, config, record, checked)
     log.info("report %s run %s: %s rows to %s (%s)%s; lake versions %s; dirty rows %s", config.report.name,

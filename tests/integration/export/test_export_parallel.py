@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from coldharbor.capture import registry
-from coldharbor.export import base_state, export_job, hot_reader
-from coldharbor.export.export_job import ExportConfig
+from coldharbor.export import base_state, export_job, hot_reader, table_export
+from coldharbor.export.table_export import ExportConfig
 from coldharbor.runtime import pg, settings
 
 from tests.connect_server import run_job
@@ -62,11 +62,11 @@ def same_as_postgres(spark, conn, lake_root: str, name: str, keys: list[str]) ->
 
 
 def run_cycle(spark, pg_dsn: str, lake_root: str, workers: int, names: list[str]):
-    """export_job.run over the tables `names` (the database holds other tests' tables too)."""
+    """table_export.export_tables over the tables `names` (the database holds other tests' tables too)."""
     with pg.connect(pg_dsn) as conn:
         tables = [t for name in names for t in registry.load(conn, name)]
         config = ExportConfig(table=None, lake_root=lake_root, run_id=f"test-{uuid.uuid4().hex[:6]}")
-        return tables, export_job.run(spark, conn, pg.JdbcTarget.from_dsn(pg_dsn), config, tables,
+        return tables, table_export.export_tables(spark, conn, pg.JdbcTarget.from_dsn(pg_dsn), config, tables,
                                   lambda point: None, dsn=pg_dsn, workers=workers)
 
 
@@ -238,7 +238,7 @@ def test_workers_export_at_the_same_time_each_with_its_own_session_and_connectio
         with pg.connect(pg_dsn) as conn:
             loaded = [t for name in names for t in registry.load(conn, name)]
             config = ExportConfig(table=None, lake_root=lake_root, run_id="test-overlap")
-            results = export_job.run(spark, conn, pg.JdbcTarget.from_dsn(pg_dsn), config, loaded, hook,
+            results = table_export.export_tables(spark, conn, pg.JdbcTarget.from_dsn(pg_dsn), config, loaded, hook,
                                  dsn=pg_dsn, workers=2)
     assert [r.status for r in results] == ["exported", "exported"], results
     assert len({thread for thread, _ in seen}) == 2 and len({pid for _, pid in seen}) == 2
@@ -273,7 +273,7 @@ def test_a_stopped_cycle_starts_no_more_tables_and_the_next_converges(spark, pg_
         with pg.connect(pg_dsn) as conn:
             loaded = [t for name in names for t in registry.load(conn, name)]
             config = ExportConfig(table=None, lake_root=lake_root, run_id="test-stopped")
-            export_job.run(spark, conn, pg.JdbcTarget.from_dsn(pg_dsn), config, loaded, hook, dsn=pg_dsn, workers=2)
+            table_export.export_tables(spark, conn, pg.JdbcTarget.from_dsn(pg_dsn), config, loaded, hook, dsn=pg_dsn, workers=2)
     assert len(reached) <= 2, reached  # the two under way; a run that went on would reach all five
     _, results = run_cycle(spark, pg_dsn, lake_root, 2, names)
     assert all(r.status in ("exported", "clean") for r in results), results

@@ -23,6 +23,6 @@ def test_an_export_that_fails_unforeseen_records_its_tables_as_failing(pg_dsn, p
 
     monkeypatch.setenv("COLDHARBOR_PG_DSN", pg_dsn)
     monkeypatch.setattr(export_job.spark_sessions, "get_session", lambda name: None)
-    monkeypatch.setattr(export_job, "run", lost)
+    monkeypatch.setattr(export_job, "export_tables", lost)
     assert export_job.main(["--table", f"public.{table_name}", "--lake-root", lake_root]) == 1
     assert samples(pg_conn, table_name) == [("failed", 3)]

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from coldharbor.capture import registry
 from coldharbor.export import base_state
-from coldharbor.export.export_job import ExportConfig, run
+from coldharbor.export.table_export import ExportConfig, export_tables
 from coldharbor.runtime import pg
 from coldharbor.runtime.errors import TableBusyError
 
@@ -135,7 +135,7 @@ def test_many_tables_registered_with_rows_load_in_one_run(spark, pg_dsn, pg_conn
         pg_conn.execute(f"UPDATE {name} SET amount = -1 WHERE id % 100 = 0")
     tables = [t for t in registry.load(pg_conn) if t.table_name in names]
     config = ExportConfig(table=None, lake_root=lake_root, run_id="many")
-    results = run(spark, pg_conn, pg.JdbcTarget.from_dsn(pg_dsn), config, tables, lambda point: None)
+    results = export_tables(spark, pg_conn, pg.JdbcTarget.from_dsn(pg_dsn), config, tables, lambda point: None)
     assert sorted(r.loaded_rows for r in results) == [500, 1000, 1500, 2000]
     for name in names:
         assert lake_live(spark, lake_root, name, ["id"]) == pg_rows(pg_conn, f"SELECT * FROM {name}", ["id"])
@@ -312,7 +312,7 @@ def test_edge_values_load_exactly_and_one_table_the_lake_cannot_hold_fails_alone
         pg_conn.execute("SELECT coldharbor.register_table(%s)", (name,))
     tables = [t for t in registry.load(pg_conn) if t.table_name in [good, *bad]]
 
-    results = {r.table: r for r in run(spark, pg_conn, pg.JdbcTarget.from_dsn(pg_dsn),
+    results = {r.table: r for r in export_tables(spark, pg_conn, pg.JdbcTarget.from_dsn(pg_dsn),
                                        ExportConfig(None, lake_root, "edges"), tables, lambda point: None)}
 
     assert results[f"public.{good}"].loaded_rows == len(EDGE_ROWS)

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 from coldharbor.capture import registry
-from coldharbor.export.export_job import ExportConfig, run
+from coldharbor.export.table_export import ExportConfig, export_tables
 from coldharbor.lake import delta
 from coldharbor.maintenance import verify
 from coldharbor.runtime import pg
@@ -90,7 +90,7 @@ def refusal_of(name: str, column: str, value: str, key: str) -> str:
 def export_all(spark, dsn: str, lake_root: str, names: list[str]) -> dict:
     with pg.connect(dsn) as conn:
         tables = [t for t in registry.load(conn) if t.table_name in names]
-        results = run(spark, conn, pg.JdbcTarget.from_dsn(dsn), ExportConfig(None, lake_root, "values"), tables,
+        results = export_tables(spark, conn, pg.JdbcTarget.from_dsn(dsn), ExportConfig(None, lake_root, "values"), tables,
                       lambda point: None)
     return {r.table.removeprefix("public."): r for r in results}
 

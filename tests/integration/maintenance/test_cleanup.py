@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 from coldharbor.capture import registry
 from coldharbor.lake import delta
-from coldharbor.maintenance.cleanup import CleanupConfig
+from coldharbor.maintenance.cleanup import CleanupConfig, cleanup_tables
 from coldharbor.maintenance.cleanup import main as cleanup_main
-from coldharbor.maintenance.cleanup import run as cleanup_run
 from coldharbor.maintenance.compaction import compact_table
 from coldharbor.maintenance.compaction_plan import CompactionConfig
 from coldharbor.runtime import pg
@@ -34,7 +33,7 @@ def cleanup(spark, dsn, lake_root, table: str | None, **overrides):
     settings = {"table": table, "lake_root": lake_root, "run_id": f"test-{time.time()}",
                 "retention": timedelta(hours=1), "allow_short_retention": True}
     with pg.connect(dsn) as conn:
-        return cleanup_run(spark, conn, CleanupConfig(**{**settings, **overrides}))
+        return cleanup_tables(spark, conn, CleanupConfig(**{**settings, **overrides}))
 
 
 def age(path: Path, minutes: float) -> None:
@@ -252,7 +251,7 @@ def test_files_of_an_export_killed_mid_write_are_removed_once_old_enough(
 
 
 def test_health_samples_older_than_two_days_are_pruned_and_a_dry_run_only_counts_them(pg_dsn, pg_conn, table_name):
-    from coldharbor.maintenance.cleanup import prune_health_samples
+    from coldharbor.maintenance.pruning import prune_health_samples
 
     pg_conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY)")
     pg_conn.execute("SELECT coldharbor.register_table(%s)", (table_name,))

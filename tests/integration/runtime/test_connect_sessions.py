@@ -7,7 +7,7 @@ import threading
 import uuid
 
 from coldharbor.capture import registry
-from coldharbor.export.export_job import ExportConfig, export_table
+from coldharbor.export.table_export import ExportConfig, export_table
 from coldharbor.runtime import pg
 from coldharbor.runtime.spark import get_session, release_sessions
 from coldharbor.serve import serve_cli, serve_job, sql_guard

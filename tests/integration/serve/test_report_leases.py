@@ -8,8 +8,7 @@ import time
 from datetime import timedelta
 
 from coldharbor.capture import registry
-from coldharbor.maintenance.cleanup import CleanupConfig
-from coldharbor.maintenance.cleanup import run as cleanup_run
+from coldharbor.maintenance.cleanup import CleanupConfig, cleanup_tables
 from coldharbor.runtime import pg
 from coldharbor.serve import report_runs
 from coldharbor.serve.report_runs import RunRecord
@@ -37,7 +36,7 @@ def cleanup(spark, dsn: str, lake_root: str, table: str | None):
     config = CleanupConfig(table=table, lake_root=lake_root, run_id=f"lease-{time.time()}",
                            retention=timedelta(hours=3), allow_short_retention=True)
     with pg.connect(dsn) as conn:
-        return cleanup_run(spark, conn, config)
+        return cleanup_tables(spark, conn, config)
 
 
 def staging_tables(conn) -> list[str]:

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 from coldharbor.capture.table_names import name_candidates, quote_ident
-from coldharbor.maintenance.verify import shown
+from coldharbor.maintenance.verify_samples import shown
 from coldharbor.runtime.errors import ConfigError
 
 

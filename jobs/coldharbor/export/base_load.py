@@ -48,7 +48,7 @@ from coldharbor.lake.lake_rows import CHANGED_AT, DELETED, FIRST_CHANGED_AT, SEQ
 from coldharbor.lake.unified import table_contract
 from coldharbor.runtime import faults, pg
 from coldharbor.runtime.errors import ConfigError, LakeUnavailableError, TableBusyError
-from coldharbor.runtime.spark import base_parallelism
+from coldharbor.runtime.spark_parallelism import base_parallelism
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from coldharbor.runtime import faults, pg
 from coldharbor.runtime.errors import ReportError
 from coldharbor.runtime.pg import JdbcTarget
 from coldharbor.runtime.spark import local_checkpoint
-from coldharbor.runtime.spark import parallelism as spark_parallelism
+from coldharbor.runtime.spark_parallelism import parallelism as spark_parallelism
 
 JDBC_FETCH_SIZE = 20_000
 # The dirty-set aggregate spills to disk with PostgreSQL's default 4MB; one export session may use more.

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 # A base (an initial load, a rebase) reads a whole table with every reader but one core
-# (`spark.base_parallelism`); the workers of a cycle take turns at it rather than multiply that.
+# (`spark_parallelism.base_parallelism`); the workers of a cycle take turns at it rather than multiply that.
 BASE_LOAD_TURN = threading.Lock()
 
 

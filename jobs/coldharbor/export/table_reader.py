@@ -23,7 +23,7 @@ from coldharbor.export.hot_reader import snapshot_read
 from coldharbor.export.image_sql import as_output
 from coldharbor.lake.lake_rows import column
 from coldharbor.runtime.pg import JdbcTarget
-from coldharbor.runtime.spark import parallelism as spark_parallelism
+from coldharbor.runtime.spark_parallelism import parallelism as spark_parallelism
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 from coldharbor.runtime import pg, settings
 from coldharbor.runtime import spark as spark_sessions
 from coldharbor.runtime.job_main import reason
+from coldharbor.runtime.spark_parallelism import cores
 
 log = logging.getLogger(__name__)
 I = TypeVar("I")  # noqa: E741
@@ -96,4 +97,4 @@ def worker_count(spark: SparkSession, tables: int) -> int:
         return 1
     if configured:
         return min(configured, tables)
-    return max(1, min(spark_sessions.cores(spark), settings.DEFAULT_MAX_EXPORT_WORKERS, tables))
+    return max(1, min(cores(spark), settings.DEFAULT_MAX_EXPORT_WORKERS, tables))

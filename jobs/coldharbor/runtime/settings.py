@@ -214,7 +214,7 @@ def jdbc_readers() -> int | None:
 
 def base_readers() -> int | None:
     """COLDHARBOR_BASE_READERS: the JDBC readers of a base (an initial load, a rebase, a resync), or
-    None (one fewer than the cores: `spark.base_parallelism`)."""
+    None (one fewer than the cores: `spark_parallelism.base_parallelism`)."""
     readers = number_setting(BASE_READERS_ENV, 0, "readers", lambda n: n in range(1, 1025),
                              "a whole number from 1 to 1024")
     return int(readers) or None

@@ -2,6 +2,14 @@
 -- coldharbor.tables that keep its relation, columns, types and key.
 -- (Definitions: each object here only, CREATE OR REPLACE; see sql/README.md.)
 
+-- The first of p_names that is not one of p_allowed, or NULL: the partition or sort column a
+-- registration refuses.
+CREATE OR REPLACE FUNCTION coldharbor.first_not_in(p_names text[], p_allowed text[])
+RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT n FROM unnest(p_names) WITH ORDINALITY AS u(n, i) WHERE NOT n = ANY (p_allowed) ORDER BY i LIMIT 1
+$$;
+
 -- The registration itself (009 renamed 002's register_table to this): executable by the schema owner
 -- alone, called by register_table_as_owner once the caller may register the table.
 -- Registers a table for capture and export; returns its table_id. Registering again updates the
@@ -48,19 +56,17 @@ BEGIN
 
     -- A delete marker knows only the key, so it can land in the right partition only when the
     -- partition columns are part of the key (which also keeps a key from moving partitions).
-    FOREACH v_col IN ARRAY coalesce(p_partition_by, '{}') LOOP
-        IF NOT v_col = ANY (v_keys) THEN
-            RAISE EXCEPTION 'cannot register %: partition column % is not part of the primary key (%)',
-                p_table, quote_ident(v_col), array_to_string(v_keys, ', ')
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-    END LOOP;
-    FOREACH v_col IN ARRAY coalesce(p_sort_by, '{}') LOOP
-        IF NOT v_col = ANY (v_columns) THEN
-            RAISE EXCEPTION 'cannot register %: sort column % does not exist', p_table, quote_ident(v_col)
-                USING ERRCODE = 'undefined_column';
-        END IF;
-    END LOOP;
+    v_col := coldharbor.first_not_in(p_partition_by, v_keys);
+    IF v_col IS NOT NULL THEN
+        RAISE EXCEPTION 'cannot register %: partition column % is not part of the primary key (%)',
+            p_table, quote_ident(v_col), array_to_string(v_keys, ', ')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_col := coldharbor.first_not_in(p_sort_by, v_columns);
+    IF v_col IS NOT NULL THEN
+        RAISE EXCEPTION 'cannot register %: sort column % does not exist', p_table, quote_ident(v_col)
+            USING ERRCODE = 'undefined_column';
+    END IF;
     IF p_hot_retention IS NOT NULL AND p_hot_retention <= interval '0' THEN
         RAISE EXCEPTION 'cannot register %: hot retention must be positive, got %', p_table, p_hot_retention
             USING ERRCODE = 'invalid_parameter_value';
@@ -429,6 +435,40 @@ BEGIN
 END;
 $$;
 
+-- Raises unless p_value, argument p_name of a registration of p_table, is NULL (keep what the table
+-- has) or one of p_choices; p_hint says what each means.
+CREATE OR REPLACE FUNCTION coldharbor.check_choice(p_table regclass, p_name text, p_value text, p_choices text[],
+                                                   p_hint text)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_value IS NOT NULL AND NOT p_value = ANY (p_choices) THEN
+        RAISE EXCEPTION 'cannot register %: % must be %, not %', p_table, p_name,
+            (SELECT string_agg(quote_literal(c), ' or ' ORDER BY i) FROM unnest(p_choices) WITH ORDINALITY AS u(c, i)),
+            quote_literal(p_value)
+            USING ERRCODE = 'invalid_parameter_value', HINT = p_hint;
+    END IF;
+END;
+$$;
+
+-- The registration of table p_table, whose setting p_setting (history, freshness, mode) a
+-- set_*_as_owner function is about to change; raises when the table is not registered.
+CREATE OR REPLACE FUNCTION coldharbor.registration_to_set(p_table regclass, p_setting text)
+RETURNS coldharbor.tables
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t coldharbor.tables;
+BEGIN
+    SELECT * INTO t FROM coldharbor.tables WHERE source_kind = 'table' AND relid = p_table::oid;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'cannot set the % of %: it is not a registered table', p_setting, p_table
+            USING ERRCODE = 'undefined_object',
+                  HINT = format('Register it with coldharbor.register_table(..., p_%s => ...).', p_setting);
+    END IF;
+    RETURN t;
+END;
+$$;
+
 -- Sets the history a registered table keeps ('latest' or 'exact'), as the schema owner, for a
 -- caller who may register it; reinstalls its capture when it changes.
 -- Since 026: with p_history NULL keeping the table's history (registering it again without
@@ -438,26 +478,15 @@ CREATE OR REPLACE FUNCTION coldharbor.set_history_as_owner(p_table regclass, p_h
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_id      integer;
-    v_history text;
+    t         coldharbor.tables;
     v_message text;
 BEGIN
     PERFORM coldharbor.check_may_register(p_table, session_user);
-    IF p_history IS NOT NULL AND p_history NOT IN ('latest', 'exact') THEN
-        RAISE EXCEPTION 'cannot register %: p_history must be ''latest'' or ''exact'', not %', p_table,
-            quote_literal(p_history)
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = '''exact'' keeps every change''s row image, so as-of reports are exact at any instant; '
-                      || '''latest'' (the default) keeps the newest image of a key per export.';
-    END IF;
-    SELECT table_id, history INTO v_id, v_history FROM coldharbor.tables
-     WHERE source_kind = 'table' AND relid = p_table::oid;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'cannot set the history of %: it is not a registered table', p_table
-            USING ERRCODE = 'undefined_object',
-                  HINT = 'Register it with coldharbor.register_table(..., p_history => ...).';
-    END IF;
-    IF p_history IS NULL AND v_history = 'exact' THEN
+    PERFORM coldharbor.check_choice(p_table, 'p_history', p_history, ARRAY['latest', 'exact'],
+        '''exact'' keeps every change''s row image, so as-of reports are exact at any instant; '
+        || '''latest'' (the default) keeps the newest image of a key per export.');
+    t := coldharbor.registration_to_set(p_table, 'history');
+    IF p_history IS NULL AND t.history = 'exact' THEN
         BEGIN
             PERFORM coldharbor.check_exact_history(p_table);
         EXCEPTION WHEN feature_not_supported THEN
@@ -470,9 +499,9 @@ BEGIN
     ELSIF p_history = 'exact' THEN
         PERFORM coldharbor.check_exact_history(p_table);
     END IF;
-    IF p_history IS NOT NULL AND v_history IS DISTINCT FROM p_history THEN
-        UPDATE coldharbor.tables SET history = p_history WHERE table_id = v_id;
-        PERFORM coldharbor.install_capture(v_id);
+    IF p_history IS NOT NULL AND t.history IS DISTINCT FROM p_history THEN
+        UPDATE coldharbor.tables SET history = p_history WHERE table_id = t.table_id;
+        PERFORM coldharbor.install_capture(t.table_id);
     END IF;
 END;
 $$;
@@ -493,12 +522,8 @@ BEGIN
                   HINT = 'How far behind PostgreSQL the lake may fall before the table counts as lagging, '
                       || 'e.g. p_freshness => ''5 minutes''.';
     END IF;
+    PERFORM coldharbor.registration_to_set(p_table, 'freshness');
     UPDATE coldharbor.tables SET freshness = p_freshness WHERE source_kind = 'table' AND relid = p_table::oid;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'cannot set the freshness of %: it is not a registered table', p_table
-            USING ERRCODE = 'undefined_object',
-                  HINT = 'Register it with coldharbor.register_table(..., p_freshness => ...).';
-    END IF;
 END;
 $$;
 
@@ -514,19 +539,10 @@ DECLARE
     v_refusal text;
 BEGIN
     PERFORM coldharbor.check_may_register(p_table, session_user);
-    IF p_mode IS NOT NULL AND p_mode NOT IN ('mirror', 'lake_first') THEN
-        RAISE EXCEPTION 'cannot register %: p_mode must be ''mirror'' or ''lake_first'', not %', p_table,
-            quote_literal(p_mode)
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = '''lake_first'' is for rows whose home is the lake (events, logs): PostgreSQL accepts '
-                      || 'inserts and hands each row to the lake; ''mirror'' (the default) keeps every row in both.';
-    END IF;
-    SELECT * INTO t FROM coldharbor.tables WHERE source_kind = 'table' AND relid = p_table::oid;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'cannot set the mode of %: it is not a registered table', p_table
-            USING ERRCODE = 'undefined_object',
-                  HINT = 'Register it with coldharbor.register_table(..., p_mode => ...).';
-    END IF;
+    PERFORM coldharbor.check_choice(p_table, 'p_mode', p_mode, ARRAY['mirror', 'lake_first'],
+        '''lake_first'' is for rows whose home is the lake (events, logs): PostgreSQL accepts '
+        || 'inserts and hands each row to the lake; ''mirror'' (the default) keeps every row in both.');
+    t := coldharbor.registration_to_set(p_table, 'mode');
     v_mode := coalesce(p_mode, t.mode);
     IF v_mode = 'lake_first' THEN
         IF t.hot_retention IS NOT NULL THEN

@@ -96,6 +96,19 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
       FROM pg_class c WHERE c.oid = p_table
 $$;
 
+-- The relations a delete from p_table reaches or answers to: p_table and its inheritance children at any
+-- depth (partitions included), whose triggers, rules, policies and referencing foreign keys
+-- owner_delete_refusal and lake_first_refusal look at.
+CREATE OR REPLACE FUNCTION coldharbor.relation_members(p_table regclass)
+RETURNS SETOF oid
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    WITH RECURSIVE members(relid) AS (
+        SELECT p_table::oid
+        UNION
+        SELECT i.inhrelid FROM pg_inherits i JOIN members m ON i.inhparent = m.relid)
+    SELECT relid FROM members
+$$;
+
 -- Why the schema owner must not delete rows of p_table (eviction, purge), or NULL. Triggers and rules
 -- run as the user whose statement fires them, and row-level security policies are evaluated as the
 -- querying user: a trigger or rule on DELETE, or a policy, that the table's owner put on the table
@@ -110,23 +123,21 @@ $$;
 CREATE OR REPLACE FUNCTION coldharbor.owner_delete_refusal(p_table regclass)
 RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    WITH RECURSIVE members(relid) AS (
-        SELECT p_table::oid
-        UNION
-        SELECT i.inhrelid FROM pg_inherits i JOIN members m ON i.inhparent = m.relid)
     SELECT coalesce(
         coldharbor.read_refusal(p_table),
         (SELECT format('%s has row-level security', c.oid::regclass)
-           FROM members m JOIN pg_class c ON c.oid = m.relid WHERE c.relrowsecurity LIMIT 1),
+           FROM coldharbor.relation_members(p_table) m(relid) JOIN pg_class c ON c.oid = m.relid
+          WHERE c.relrowsecurity LIMIT 1),
         (SELECT format('trigger %s on %s runs on DELETE', quote_ident(t.tgname), t.tgrelid::regclass)
-           FROM members m JOIN pg_trigger t ON t.tgrelid = m.relid
+           FROM coldharbor.relation_members(p_table) m(relid) JOIN pg_trigger t ON t.tgrelid = m.relid
           WHERE NOT t.tgisinternal AND (t.tgtype & 8) <> 0     -- TRIGGER_TYPE_DELETE
             AND t.tgfoid NOT IN (SELECT oid FROM pg_proc WHERE pronamespace = 'coldharbor'::regnamespace
                                     AND (proname ~ '^capture_[0-9]+_(ins|upd|del|trunc)$'
                                          OR proname IN ('evict_guard', 'capture_off')))
           LIMIT 1),
         (SELECT format('rule %s on %s runs on DELETE', quote_ident(r.rulename), r.ev_class::regclass)
-           FROM members m JOIN pg_rewrite r ON r.ev_class = m.relid WHERE r.ev_type = '4' LIMIT 1))
+           FROM coldharbor.relation_members(p_table) m(relid) JOIN pg_rewrite r ON r.ev_class = m.relid
+          WHERE r.ev_type = '4' LIMIT 1))
 $$;
 
 -- Raises unless the schema owner may delete rows of p_table (see owner_delete_refusal); takes the lock
@@ -403,14 +414,10 @@ $$;
 CREATE OR REPLACE FUNCTION coldharbor.lake_first_refusal(p_table regclass)
 RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    WITH RECURSIVE members(relid) AS (
-        SELECT p_table::oid
-        UNION
-        SELECT i.inhrelid FROM pg_inherits i JOIN members m ON i.inhparent = m.relid)
     SELECT coalesce(
         coldharbor.owner_delete_refusal(p_table),
         (SELECT format('foreign key %s of %s references it', quote_ident(c.conname), c.conrelid::regclass)
-           FROM members m JOIN pg_constraint c ON c.confrelid = m.relid
+           FROM coldharbor.relation_members(p_table) m(relid) JOIN pg_constraint c ON c.confrelid = m.relid
           WHERE c.contype = 'f' LIMIT 1))
 $$;
 

@@ -586,12 +586,11 @@ BEGIN
     PERFORM coldharbor.entity_refresh_view(p_name);
     SELECT array_agg(column_name) INTO v_columns
       FROM coldharbor.lake_columns(format('entities.%I', p_name)::regclass);
-    FOREACH v_col IN ARRAY coalesce(p_sort_by, '{}') LOOP
-        IF NOT v_col = ANY (v_columns) THEN
-            RAISE EXCEPTION 'cannot register entity schema %: sort column % is not one of its attributes', p_name, quote_ident(v_col)
-                USING ERRCODE = 'undefined_column';
-        END IF;
-    END LOOP;
+    v_col := coldharbor.first_not_in(p_sort_by, v_columns);
+    IF v_col IS NOT NULL THEN
+        RAISE EXCEPTION 'cannot register entity schema %: sort column % is not one of its attributes', p_name, quote_ident(v_col)
+            USING ERRCODE = 'undefined_column';
+    END IF;
 
     SELECT NOT EXISTS (SELECT 1 FROM coldharbor.tables WHERE schema_name = 'entities' AND table_name = p_name) INTO v_new;
     INSERT INTO coldharbor.tables AS t (schema_name, table_name, key_columns, lake_location, sort_by, source_kind)
@@ -609,26 +608,23 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE TRIGGER capture_ins AFTER INSERT ON coldharbor.entity_main REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION coldharbor.capture_entity_main_ins();
-
-CREATE OR REPLACE TRIGGER capture_upd AFTER UPDATE ON coldharbor.entity_main REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION coldharbor.capture_entity_main_upd();
-
-CREATE OR REPLACE TRIGGER capture_del AFTER DELETE ON coldharbor.entity_main REFERENCING OLD TABLE AS old_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION coldharbor.capture_entity_main_del();
-
-CREATE OR REPLACE TRIGGER no_truncate BEFORE TRUNCATE ON coldharbor.entity_main
-    FOR EACH STATEMENT EXECUTE FUNCTION coldharbor.entity_no_truncate();
-
-CREATE OR REPLACE TRIGGER capture_ins AFTER INSERT ON coldharbor.eav_data REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION coldharbor.capture_eav_data_ins();
-
-CREATE OR REPLACE TRIGGER capture_upd AFTER UPDATE ON coldharbor.eav_data REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION coldharbor.capture_eav_data_upd();
-
-CREATE OR REPLACE TRIGGER capture_del AFTER DELETE ON coldharbor.eav_data REFERENCING OLD TABLE AS old_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION coldharbor.capture_eav_data_del();
-
-CREATE OR REPLACE TRIGGER no_truncate BEFORE TRUNCATE ON coldharbor.eav_data
-    FOR EACH STATEMENT EXECUTE FUNCTION coldharbor.entity_no_truncate();
+-- The capture of both record tables: the same statement triggers on each, calling that table's
+-- capture_<table>_ins, _upd and _del, and entity_no_truncate.
+DO $entity_capture$
+DECLARE
+    v_table text;
+    r       record;
+BEGIN
+    FOREACH v_table IN ARRAY ARRAY['entity_main', 'eav_data'] LOOP
+        FOR r IN VALUES ('ins', 'AFTER INSERT', 'REFERENCING NEW TABLE AS new_rows'),
+                        ('upd', 'AFTER UPDATE', 'REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows'),
+                        ('del', 'AFTER DELETE', 'REFERENCING OLD TABLE AS old_rows') LOOP
+            EXECUTE format('CREATE OR REPLACE TRIGGER capture_%s %s ON coldharbor.%I %s '
+                           'FOR EACH STATEMENT EXECUTE FUNCTION coldharbor.capture_%s_%s()',
+                           r.column1, r.column2, v_table, r.column3, v_table, r.column1);
+        END LOOP;
+        EXECUTE format('CREATE OR REPLACE TRIGGER no_truncate BEFORE TRUNCATE ON coldharbor.%I '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION coldharbor.entity_no_truncate()', v_table);
+    END LOOP;
+END
+$entity_capture$;

@@ -26,7 +26,9 @@ def test_migrations_hold_no_function_trigger_view_or_grant():
 def test_each_object_is_defined_in_exactly_one_definitions_file_as_create_or_replace():
     functions = Counter(name for d in LAYOUT.definitions for name in FUNCTION.findall(d.sql))
     triggers = Counter(pair for d in LAYOUT.definitions for pair in TRIGGER.findall(d.sql))
-    assert len(functions) > 80 and len(triggers) > 10
+    # (The capture triggers of the two record tables are made by one loop in 060_entities.sql, which
+    # this count does not see; the migrate test's schema comparison does.)
+    assert len(functions) > 80 and len(triggers) >= 5
     assert {name: n for name, n in (functions + triggers).items() if n > 1} == {}
     for d in LAYOUT.definitions:
         assert not re.search(r"^CREATE FUNCTION|^CREATE TRIGGER|^CREATE CONSTRAINT TRIGGER", d.sql, re.M), d.name

@@ -111,6 +111,8 @@ def run(spark: SparkSession | None, conn: psycopg.Connection, config: ExportConf
         nothing to do starts no JVM
     :param hook: fault points for tests (``faults.from_environment`` outside them)
     """
+    dsn = settings.pg_dsn()
+    jdbc = pg.JdbcTarget.from_dsn(dsn)  # a DSN Spark's JDBC readers cannot use is refused first
     tables = registry.load(conn, config.table)
     if config.table is not None:
         registry.require_present(tables)
@@ -135,8 +137,7 @@ def run(spark: SparkSession | None, conn: psycopg.Connection, config: ExportConf
     if todo:
         try:
             spark = spark or spark_sessions.get_session("coldharbor-cdc-export")
-            dsn = settings.pg_dsn()
-            results += export_tables(spark, conn, pg.JdbcTarget.from_dsn(dsn), config, todo, hook, dsn=dsn,
+            results += export_tables(spark, conn, jdbc, config, todo, hook, dsn=dsn,
                                      workers=export_workers.worker_count(spark, len(todo)))
         except Exception as exc:
             # An unforeseen failure: the page must show these tables failing too (their outcome
@@ -157,6 +158,7 @@ def run(spark: SparkSession | None, conn: psycopg.Connection, config: ExportConf
 def main(argv: list[str]) -> int:
     def body() -> int:
         config = parse_args(argv)
+        pg.JdbcTarget.from_dsn(settings.pg_dsn())  # refused before anything is read or started
         with pg.connect(settings.pg_dsn()) as conn:
             return run(None, conn, config)
 

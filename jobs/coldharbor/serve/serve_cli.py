@@ -228,6 +228,7 @@ def _serve(argv: list[str], current: _Run) -> int:
     args = build_parser().parse_args(argv)  # a malformed command line exits 2 here
     report_name = args.report or "adhoc"
     dsn = settings.pg_dsn()
+    pg.JdbcTarget.from_dsn(dsn)  # a DSN Spark's JDBC readers cannot use: refused before the run is recorded
     current.record = RunRecord(args.run_id or default_run_id(report_name), report_name, args.target,
                                args.sink or "postgres", args.mode, None)
     try:
@@ -235,7 +236,6 @@ def _serve(argv: list[str], current: _Run) -> int:
     except PostgresUnavailableError:
         if args.mode == "strict":
             raise
-        log.warning("best effort: PostgreSQL at %s is unreachable; reading the lake alone", pg.describe(dsn))
     # From here on a refusal is recorded in the run (PostgreSQL reached).
     return run(None, current.conn, build_config(args, current.record.run_id), current.record)
 
@@ -262,7 +262,9 @@ def run(spark: SparkSession | None, conn: psycopg.Connection | None, config: Ser
         report_runs.start(conn, record)  # from here on, a failure is recorded too
         record.row_count = serve(spark or report_session(), conn, jdbc, config, record, checked)
         report_runs.succeed(conn, record)
-    else:
+    else:  # once the report passed its checks: a refused one reads nothing
+        log.warning("best effort: PostgreSQL at %s is unreachable; reading the lake alone",
+                    pg.describe(settings.pg_dsn()))
         spark = spark or report_session()
         tables, columns = registry_cache.load(spark, config.lake_root)
         record.row_count = serve_lake_only(spark, tables, columns, config, record, checked)

@@ -62,6 +62,35 @@ def test_a_malformed_dsn_is_one_line_and_exit_2_for_every_job(job, dsn, message,
     assert "s3cret" not in done.stderr + done.stdout
 
 
+@pytest.mark.parametrize("job", ["cdc_export.py", "serve_report.py", "verify.py", "resync.py"])
+def test_a_dsn_spark_s_jdbc_cannot_use_is_refused_before_anything_is_read_or_recorded(job, pg_dsn, pg_conn,
+                                                                                      lake_root):
+    """Found by the cold attack on the job shape: with PostgreSQL reachable through a DSN of two hosts
+    (libpq takes it, Spark's JDBC readers cannot), the export passed a cycle with nothing to do and
+    started a JVM for one with work, and a report recorded a run, before the refusal."""
+    host = pg_dsn.split("@", 1)[1].split("/", 1)[0]
+    two_hosts = pg_dsn.replace(f"@{host}/", f"@{host},{host}/")
+    run_id = f"jdbc-{uuid.uuid4().hex[:8]}"
+    extra = ["--run-id", run_id] if job == "serve_report.py" else []
+    samples = pg_conn.execute("SELECT count(*) FROM coldharbor.health_samples").fetchone()[0]
+    done = run_job(job, "--lake-root", lake_root, *JOB_ARGS[job], *extra, dsn=two_hosts,
+                   env={"JAVA_HOME": "/nonexistent"})  # a JVM started would fail otherwise
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "the PostgreSQL DSN names several hosts" in one_error_line(done.stderr)
+    assert pg_conn.execute("SELECT count(*) FROM coldharbor.health_samples").fetchone()[0] == samples
+    assert report_run(pg_conn, run_id) == {}
+
+
+def test_a_refused_report_in_best_effort_without_postgres_says_its_refusal_alone(lake_root):
+    """Found by the same attack: the lake-alone warning came before the report's checks, so a refused
+    report also said it was reading the lake."""
+    done = run_job("serve_report.py", "--lake-root", lake_root, "--sql", "DELETE FROM t", "--target", "adhoc_x",
+                   "--mode", "best_effort", dsn=f"postgresql://app@127.0.0.1:{free_port()}/db")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "a report is a read-only SELECT" in one_error_line(done.stderr)
+    assert "reading the lake alone" not in done.stderr
+
+
 @pytest.mark.parametrize("job", sorted(JOB_ARGS))
 @pytest.mark.parametrize("name, raw, message", [
     ("COLDHARBOR_JDBC_READERS", "x", "COLDHARBOR_JDBC_READERS='x' is not a number of readers"),

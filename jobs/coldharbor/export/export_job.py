@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 
 from coldharbor.capture import registry
 from coldharbor.capture.registry import RegisteredTable
+from coldharbor.capture.table_job import jdbc_target
 from coldharbor.export import base_load, base_state, batches, hot_reader
 from coldharbor.export import workers as export_workers
 from coldharbor.export.table_export import ExportConfig, TableResult, export_tables, table_refused
@@ -158,7 +159,7 @@ def run(spark: SparkSession | None, conn: psycopg.Connection, config: ExportConf
 def main(argv: list[str]) -> int:
     def body() -> int:
         config = parse_args(argv)
-        pg.JdbcTarget.from_dsn(settings.pg_dsn())  # refused before anything is read or started
+        jdbc_target()  # a DSN Spark's JDBC readers cannot use: refused before anything is read or started
         with pg.connect(settings.pg_dsn()) as conn:
             return run(None, conn, config)
 

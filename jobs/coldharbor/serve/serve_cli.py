@@ -12,6 +12,7 @@ import psycopg
 from pyspark.sql import SparkSession
 
 from coldharbor.capture import registry
+from coldharbor.capture.table_job import jdbc_target
 from coldharbor.export import hot_reader
 from coldharbor.lake import registry_cache
 from coldharbor.runtime import pg, settings
@@ -256,7 +257,7 @@ def run(spark: SparkSession | None, conn: psycopg.Connection | None, config: Ser
     record.target, record.sink, record.as_of = config.target, config.sink, config.as_of
     checked = validate_report(config.report, registry.load(conn) if conn is not None else None)
     if conn is not None:
-        jdbc = pg.JdbcTarget.from_dsn(settings.pg_dsn())
+        jdbc = jdbc_target()
         if config.as_of is not None:
             hot_reader.require_commit_times(conn)
         report_runs.start(conn, record)  # from here on, a failure is recorded too
